@@ -1,0 +1,62 @@
+# gpubox.inference: the two commands a user needs, and the pieces of `make test`.
+#
+#   make provision LIMIT=gpu-box   bootstrap a venv, then ansible-playbook site.yml -l gpu-box
+#   make test                      install what the tests need and run them all
+#
+# Venvs live outside the checkout, keyed by the hash of the lock files
+# (scripts/venv.sh); the Molecule test image is tagged by the hash of its
+# recipe (scripts/test-image.sh). A second run reuses both.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+LIMIT ?= gpu-box
+ARGS ?=
+COLLECTION_LINK := .collections/ansible_collections/gpubox/inference
+RUN_VENV = $(shell scripts/venv.sh run)
+TEST_VENV = $(shell scripts/venv.sh test)
+
+.PHONY: help setup provision test deps lint sanity unit molecule build clean
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+## Link this checkout as gpubox.inference where ansible.cfg looks for collections.
+setup: $(COLLECTION_LINK)
+$(COLLECTION_LINK):
+	mkdir -p $(dir $@)
+	ln -sfn ../../.. $@
+
+provision: setup
+	PATH="$(RUN_VENV)/bin:$$PATH" ansible-playbook site.yml -l "$(LIMIT)" $(ARGS)
+
+test: deps lint sanity unit molecule
+	@echo "make test: all gates passed"
+
+## Docker engine + Compose v2, the Molecule test image, the test venv.
+deps: setup
+	scripts/docker-engine.sh
+	scripts/test-image.sh >/dev/null
+	@echo "test venv: $(TEST_VENV)"
+
+lint: setup
+	PATH="$(TEST_VENV)/bin:$$PATH" yamllint --strict .
+	PATH="$(TEST_VENV)/bin:$$PATH" ruff check .
+	PATH="$(TEST_VENV)/bin:$$PATH" ruff format --check .
+	PATH="$(TEST_VENV)/bin:$$PATH" ansible-lint
+
+sanity: setup
+	PATH="$(TEST_VENV)/bin:$$PATH" scripts/sanity.sh
+
+unit: setup
+	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest tests/unit
+
+molecule: setup
+	PATH="$(TEST_VENV)/bin:$$PATH" PY_COLORS=0 ANSIBLE_FORCE_COLOR=0 NO_COLOR=1 GPUBOX_TEST_IMAGE="$$(scripts/test-image.sh)" molecule test --all
+
+build: setup
+	PATH="$(TEST_VENV)/bin:$$PATH" ansible-galaxy collection build --force --output-path build/
+
+clean:
+	rm -rf .collections build .pytest_cache .ruff_cache

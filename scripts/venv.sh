@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create (once) and print the path of a virtualenv keyed by the hash of its lock files.
+# Usage: venv.sh run    -> ansible only (requirements.txt), for `make provision`
+#        venv.sh test   -> plus the test toolchain (requirements-test.txt), for `make test`
+# The venvs live in ${GPUBOX_CACHE:-~/.cache/gpubox-inference}, outside the checkout,
+# so a fresh clone with the same lock files reuses them.
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+kind=${1:?usage: venv.sh run|test}
+case "$kind" in
+  run) locks=("$top/requirements.txt") ;;
+  test) locks=("$top/requirements.txt" "$top/requirements-test.txt") ;;
+  *) echo "venv.sh: unknown venv '$kind' (expected run or test)" >&2; exit 2 ;;
+esac
+
+python=${PYTHON:-python3}
+pyver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+hash=$(cat "${locks[@]}" | sha256sum | cut -c1-12)
+cache=${GPUBOX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpubox-inference}
+venv="$cache/venv-$kind-py$pyver-$hash"
+
+if [ ! -f "$venv/.complete" ]; then
+  echo "[venv] creating $venv" >&2
+  rm -rf "$venv"
+  mkdir -p "$cache"
+  if ! "$python" -m venv "$venv" >/dev/null 2>&1; then
+    echo "[venv] $python has no venv module; installing python3-venv" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    "$python" -m venv "$venv"
+  fi
+  "$venv/bin/python" -m pip install -q --upgrade pip >&2
+  "$venv/bin/python" -m pip install -q -r "${locks[-1]}" >&2
+  touch "$venv/.complete"
+fi
+echo "$venv"
