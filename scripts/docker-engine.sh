@@ -9,7 +9,6 @@ set -euo pipefail
 
 COMPOSE_VERSION="${COMPOSE_VERSION:-2.40.3}"
 PLUGIN_DIR=/usr/local/lib/docker/cli-plugins
-SOCK=/var/run/docker.sock
 
 log() { printf '[docker-engine] %s\n' "$*"; }
 

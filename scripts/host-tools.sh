@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Debian packages that `make test` uses on the machine running the tests:
+# ShellCheck for ansible-test sanity, debootstrap for the Molecule test image, git.
+# Installs only what is missing.
+set -euo pipefail
+
+missing=()
+for pair in shellcheck:shellcheck debootstrap:debootstrap git:git; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "[host-tools] installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,75 @@
+"""Shared test setup: the collection on sys.path, and the captured command outputs.
+
+Captured outputs live in tests/fixtures/<folder>/<name>.txt, copied unchanged
+from the project's shared fixtures. Each starts with a header (``# source:``,
+``# machine:``, ``# expected:``), then a ``# ---`` line, then the output exactly
+as it was posted. ``Capture.text`` is that output; ``Capture.expected`` is the
+careful human reading that the parsers are tested against.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+COLLECTIONS = ROOT / ".collections"
+
+if not (COLLECTIONS / "ansible_collections" / "gpubox" / "inference").exists():
+    raise pytest.UsageError(f"{COLLECTIONS}/ansible_collections/gpubox/inference is missing: run `make setup` first")
+sys.path.insert(0, str(COLLECTIONS))
+
+HEADER_KEYS = ("source", "machine", "expected")
+SEPARATOR = "# ---"
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One captured command output and what a person read in it."""
+
+    path: Path
+    source: str
+    machine: str
+    expected: str
+    text: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.parent.name}/{self.path.stem}"
+
+
+def parse_capture(path: Path) -> Capture:
+    """Split a fixture file into its header fields and the output as posted."""
+    raw = path.read_text(encoding="utf-8")
+    head, sep, body = raw.partition(f"\n{SEPARATOR}\n")
+    if not sep:
+        raise ValueError(f"{path}: no '{SEPARATOR}' line between header and output")
+    fields: dict[str, str] = {}
+    for line in head.splitlines():
+        key, colon, value = line.removeprefix("# ").partition(":")
+        if not line.startswith("# ") or not colon or key not in HEADER_KEYS:
+            raise ValueError(f"{path}: unexpected header line {line!r}")
+        fields[key] = value.strip()
+    missing = [k for k in HEADER_KEYS if k not in fields]
+    if missing:
+        raise ValueError(f"{path}: header lacks {', '.join(missing)}")
+    return Capture(path=path, text=body, **fields)
+
+
+def captures(folder: str) -> list[Capture]:
+    """All captures in one fixtures folder (e.g. ``A_topo_m``), sorted by name."""
+    return [parse_capture(p) for p in sorted((FIXTURES / folder).glob("*.txt"))]
+
+
+def capture_params(folder: str) -> list:
+    """``pytest.param`` per capture in a folder, with readable ids, for parametrize."""
+    return [pytest.param(c, id=c.path.stem) for c in captures(folder)]
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT

@@ -1,0 +1,56 @@
+"""Each role's meta/argument_specs.yml is its contract: it must list exactly the role's defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+
+ROLES = sorted(p for p in (ROOT / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
+
+
+def _load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def test_there_are_roles():
+    assert ROLES, "no roles found under roles/"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_defaults_and_argument_specs_name_the_same_variables(role: Path):
+    defaults = _load(role / "defaults" / "main.yml")
+    options = _load(role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
+    assert set(defaults) == set(options), (
+        f"only in defaults: {sorted(set(defaults) - set(options))}; "
+        f"only in argument_specs: {sorted(set(options) - set(defaults))}"
+    )
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_argument_spec_defaults_match_defaults_file(role: Path):
+    defaults = _load(role / "defaults" / "main.yml")
+    options = _load(role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
+    for name, spec in options.items():
+        assert spec.get("default") == defaults.get(name), f"{name}: argument_specs says {spec.get('default')!r}"
+        assert spec.get("description"), f"{name} has no description"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_public_variables_carry_the_role_prefix(role: Path):
+    defaults = _load(role / "defaults" / "main.yml")
+    bad = [name for name in defaults if not name.startswith(f"{role.name}_")]
+    assert not bad, f"defaults without the '{role.name}_' prefix: {bad}"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_private_variables_carry_the_underscore_prefix(role: Path):
+    bad = [
+        f"{path.name}:{name}"
+        for path in sorted((role / "vars").glob("*.yml"))
+        for name in _load(path)
+        if not name.startswith(f"_{role.name}_")
+    ]
+    assert not bad, f"vars/ entries without the '_{role.name}_' prefix: {bad}"

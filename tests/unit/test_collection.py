@@ -1,0 +1,84 @@
+"""The collection as users and Galaxy see it: it resolves from the checkout, builds clean, documents every module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+
+MODULES = sorted(p.stem for p in (ROOT / "plugins" / "modules").glob("*.py") if not p.name.startswith("_"))
+ENV = {
+    **os.environ,
+    "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+    "ANSIBLE_NOCOLOR": "1",
+    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+}
+
+
+def ansible(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), cwd=cwd, env=ENV, capture_output=True, text=True, check=False)
+
+
+def test_collection_resolves_from_the_checkout():
+    result = ansible("ansible-galaxy", "collection", "list", "gpubox.inference", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    found = {path: cols for path, cols in json.loads(result.stdout).items() if "gpubox.inference" in cols}
+    assert found, result.stdout
+    (path,) = found
+    assert Path(path).resolve() == (ROOT / ".collections" / "ansible_collections").resolve()
+    galaxy = yaml.safe_load((ROOT / "galaxy.yml").read_text())
+    assert found[path]["gpubox.inference"]["version"] == galaxy["version"]
+
+
+def test_site_yml_provisions_gpu_box_from_the_example_inventory():
+    inventory = json.loads(ansible("ansible-inventory", "--list").stdout)
+    assert "gpu-box" in inventory["gpu_boxes"]["hosts"]
+    assert inventory["_meta"]["hostvars"]["gpu-box"]["ansible_connection"] == "local"
+    result = ansible("ansible-playbook", "site.yml", "-l", "gpu-box", "--list-hosts", "--list-tasks")
+    assert result.returncode == 0, result.stderr
+    assert "gpu-box" in result.stdout
+    assert "gpubox.inference.base : Install the base packages" in result.stdout
+
+
+def test_role_version_fact_matches_galaxy_version():
+    galaxy = yaml.safe_load((ROOT / "galaxy.yml").read_text())
+    base_vars = yaml.safe_load((ROOT / "roles" / "base" / "vars" / "main.yml").read_text())
+    assert base_vars["_base_collection_version"] == galaxy["version"]
+
+
+def test_ansible_doc_lists_exactly_the_modules_in_plugins():
+    result = ansible("ansible-doc", "--list", "--json", "--type", "module", "gpubox.inference")
+    assert result.returncode == 0, result.stderr
+    listed = sorted(name.removeprefix("gpubox.inference.") for name in json.loads(result.stdout))
+    assert listed == MODULES
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_ansible_doc_renders_each_module(module: str):
+    result = ansible("ansible-doc", "--json", f"gpubox.inference.{module}")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)[f"gpubox.inference.{module}"]
+    assert doc["doc"]["short_description"]
+    assert doc["examples"].strip()
+    assert doc["return"]
+
+
+def test_built_tarball_has_no_test_or_cache_files(tmp_path: Path):
+    result = ansible("ansible-galaxy", "collection", "build", "--output-path", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (tarball,) = tmp_path.glob("gpubox-inference-*.tar.gz")
+    with tarfile.open(tarball) as tar:
+        names = tar.getnames()
+    assert "MANIFEST.json" in names
+    assert "roles/base/tasks/main.yml" in names
+    assert "meta/runtime.yml" in names
+    unwanted = ("tests", "molecule", ".collections", ".ci", "scripts", ".git", "build")
+    leaked = [n for n in names if n.split("/")[0] in unwanted or "__pycache__" in n or n.endswith(".pyc")]
+    assert not leaked, leaked
