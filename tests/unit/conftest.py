@@ -9,6 +9,8 @@ careful human reading that the parsers are tested against.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,3 +75,17 @@ def capture_params(folder: str) -> list:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+ANSIBLE_ENV = {
+    **os.environ,
+    "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+    "ANSIBLE_NOCOLOR": "1",
+    # The venv running pytest holds ansible; its bin/ comes first.
+    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+}
+
+
+def run_ansible(*argv: str) -> subprocess.CompletedProcess:
+    """Run an Ansible CLI from the checkout with the project's ansible.cfg; never raises on failure."""
+    return subprocess.run(list(argv), cwd=ROOT, env=ANSIBLE_ENV, capture_output=True, text=True, check=False)

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import ROOT
+from conftest import run_ansible as ansible
 
 MODULES = sorted(p.stem for p in (ROOT / "plugins" / "modules").glob("*.py") if not p.name.startswith("_"))
-ENV = {
-    **os.environ,
-    "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-    "ANSIBLE_NOCOLOR": "1",
-    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
-}
-
-
-def ansible(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), cwd=cwd, env=ENV, capture_output=True, text=True, check=False)
 
 
 def test_collection_resolves_from_the_checkout():
