@@ -20,7 +20,7 @@ ATTRIBUTE_COLUMNS = (
     ("NUMA Affinity", "numa_affinity"),
     ("GPU NUMA ID", "gpu_numa_id"),
 )
-_ATTRIBUTE_RE = re.compile("|".join(re.escape(label) for label, _ in ATTRIBUTE_COLUMNS))
+_ATTRIBUTE_RE = re.compile("|".join(re.escape(label) for label, _key in ATTRIBUTE_COLUMNS))
 _HEADER_START_RE = re.compile(r"GPU0(?=\s|$)")
 _DEVICE_NAME_RE = re.compile(r"^[A-Za-z][\w.:-]*$")
 _GPU_NAME_RE = re.compile(r"^GPU(\d+)$")
