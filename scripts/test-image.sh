@@ -50,4 +50,6 @@ echo "deb $mirror $SUITE main" >"$root/etc/apt/sources.list"
 rm -rf "$root"/var/cache/apt/archives/*.deb
 log "docker import $IMAGE"
 tar -C "$root" -c . | docker import -c 'CMD ["/sbin/init"]' -c 'ENV container=docker' - "$IMAGE" >/dev/null
+# Images from earlier recipes are of no further use.
+docker image ls --format '{{.Repository}}:{{.Tag}}' "$REPO" | grep -vx "$IMAGE" | xargs -r docker image rm >/dev/null || true
 echo "$IMAGE"
