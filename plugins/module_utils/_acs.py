@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpubox.inference.plugins.module_utils._pcie import normalize_bdf
+
 ACS_FLAGS = ("SrcValid", "TransBlk", "ReqRedir", "CmpltRedir", "UpstreamFwd", "EgressCtrl", "DirectTrans")
 # Control bits that send P2P requests or completions up to the root complex instead of across.
 REDIRECT_FLAGS = ("ReqRedir", "CmpltRedir", "EgressCtrl")
@@ -82,7 +84,7 @@ def judge_acs(entries: list[dict], gpu_paths: dict[str, list[str]] | None = None
     redirecting = [{"bdf": e["bdf"], "flags": redirects(e)} for e in entries if redirects(e)]
     result: dict = {"redirecting": redirecting, "gpu_pairs": []}
     if gpu_paths and len(gpu_paths) >= 2:
-        by_bdf = {e["bdf"]: e for e in entries if e["bdf"]}
+        by_bdf = {normalize_bdf(e["bdf"]): e for e in entries if e["bdf"]}
         gpus = sorted(gpu_paths)
         for i, a in enumerate(gpus):
             for b in gpus[i + 1 :]:

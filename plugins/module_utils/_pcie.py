@@ -338,6 +338,15 @@ def _min(*values: int | None) -> int | None:
     return min(known) if known else None
 
 
+def nvidia_gpus(sysfs: dict[str, dict]) -> list[str]:
+    """Bus ids of the NVIDIA display and 3D controllers in a ``read_sysfs_pci`` result."""
+    return [
+        bdf
+        for bdf, info in sorted(sysfs.items())
+        if info.get("vendor") == NVIDIA_VENDOR and (info.get("class") or "").startswith("0x03")
+    ]
+
+
 def _tree_gpus(tree: dict[str, dict]) -> list[str]:
     """NVIDIA GPUs (function 0, not their audio or USB functions) in a parsed ``lspci -tv`` tree."""
     return [
@@ -359,11 +368,7 @@ def analyse_platform(
     sysfs = sysfs or {}
     tree = tree or {}
     smi_by_bus = {g["bus_id"]: g for g in smi_q or [] if g.get("bus_id")}
-    bus_ids = [
-        bdf
-        for bdf, info in sorted(sysfs.items())
-        if info.get("vendor") == NVIDIA_VENDOR and (info.get("class") or "").startswith("0x03")
-    ]
+    bus_ids = nvidia_gpus(sysfs)
     if not bus_ids:  # analysing saved outputs of another machine
         bus_ids = [g["bus_id"] for g in smi_q or [] if g.get("bus_id")]
         bus_ids += [b for b in _tree_gpus(tree) if b not in bus_ids]

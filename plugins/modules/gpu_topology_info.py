@@ -124,6 +124,7 @@ topology:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpubox.inference.plugins.module_utils._module_io import C_LOCALE, read_src, run_checked
 from ansible_collections.gpubox.inference.plugins.module_utils._topology import (
     TopologyParseError,
     analyse,
@@ -143,27 +144,6 @@ def build_module() -> AnsibleModule:
     )
 
 
-def _read_file(module: AnsibleModule, option: str) -> str:
-    path = module.params[option]
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError as exc:
-        module.fail_json(msg=f"{option}={path!r}: cannot read the file: {exc.strerror}")
-
-
-def _run_nvidia_smi(module: AnsibleModule, nvidia_smi: str, *args: str) -> str:
-    rc, out, err = module.run_command([nvidia_smi, *args])
-    if rc != 0:
-        module.fail_json(
-            msg=f"'nvidia-smi {' '.join(args)}' failed with rc={rc}: {(err or out).strip()}",
-            rc=rc,
-            stdout=out,
-            stderr=err,
-        )
-    return out
-
-
 def _parse(module: AnsibleModule, what: str, parser, text: str):
     try:
         return parser(text)
@@ -173,16 +153,16 @@ def _parse(module: AnsibleModule, what: str, parser, text: str):
 
 def main() -> None:
     module = build_module()
-    module.run_command_environ_update = {"LANG": "C", "LC_ALL": "C", "LC_MESSAGES": "C"}
+    module.run_command_environ_update = C_LOCALE
 
     if module.params["src"] or module.params["p2p_src"]:
         if not module.params["src"]:
             module.fail_json(msg="p2p_src is set but src is not: the p2p matrix needs the topology matrix from src")
         source = module.params["src"]
-        topology = _parse(module, f"src={source}", parse_topology, _read_file(module, "src"))
+        topology = _parse(module, f"src={source}", parse_topology, read_src(module, "src"))
         p2p = {}
         if module.params["p2p_src"]:
-            p2p = _parse(module, f"p2p_src={module.params['p2p_src']}", parse_p2p, _read_file(module, "p2p_src"))
+            p2p = _parse(module, f"p2p_src={module.params['p2p_src']}", parse_p2p, read_src(module, "p2p_src"))
     else:
         source = "nvidia-smi"
         nvidia_smi = module.get_bin_path("nvidia-smi")
@@ -191,11 +171,11 @@ def main() -> None:
                 msg="nvidia-smi was not found on the host: no NVIDIA driver is installed, "
                 "or this host has no NVIDIA GPU. To analyse a saved matrix instead, set src."
             )
-        matrix = _run_nvidia_smi(module, nvidia_smi, "topo", "-m")
+        matrix = run_checked(module, [nvidia_smi, "topo", "-m"])
         topology = _parse(module, "nvidia-smi topo -m", parse_topology, matrix)
         matrices = []
         for kind in ("r", "w"):
-            text = _run_nvidia_smi(module, nvidia_smi, "topo", "-p2p", kind)
+            text = run_checked(module, [nvidia_smi, "topo", "-p2p", kind])
             matrices.append(_parse(module, f"nvidia-smi topo -p2p {kind}", parse_p2p, text))
         p2p = combine_p2p(*matrices)
 

@@ -89,3 +89,28 @@ ANSIBLE_ENV = {
 def run_ansible(*argv: str) -> subprocess.CompletedProcess:
     """Run an Ansible CLI from the checkout with the project's ansible.cfg; never raises on failure."""
     return subprocess.run(list(argv), cwd=ROOT, env=ANSIBLE_ENV, capture_output=True, text=True, check=False)
+
+
+def run_module(module: str, args: dict, path_prefix: Path | None = None, check: bool = False) -> dict:
+    """Run ``gpubox.inference.<module>`` on localhost through the ``ansible`` CLI and return its result.
+
+    ``path_prefix`` goes first on PATH, for stand-in commands such as a fake nvidia-smi.
+    """
+    import json
+
+    env = {**ANSIBLE_ENV, "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"}
+    if path_prefix:
+        env["PATH"] = f"{path_prefix}{os.pathsep}{env['PATH']}"
+    argv = ["ansible", "localhost", "-c", "local", "-i", "localhost,"]
+    argv += ["-e", f"ansible_python_interpreter={sys.executable}", "-m", f"gpubox.inference.{module}"]
+    if args:
+        argv += ["-a", json.dumps(args)]
+    if check:
+        argv.append("--check")
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    try:
+        # The json callback's document comes first; timing callbacks may print after it.
+        document, _end = json.JSONDecoder().raw_decode(proc.stdout[proc.stdout.index("{") :])
+        return document["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    except (ValueError, KeyError, IndexError):
+        pytest.fail(f"no JSON result (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

@@ -56,6 +56,10 @@ def test_ansible_doc_renders_each_module(module: str):
     assert doc["doc"]["short_description"]
     assert doc["examples"].strip()
     assert doc["return"]
+    # The text a user reads: rendering can fail where the JSON dump does not (e.g. a note parsed as a dict).
+    text = ansible("ansible-doc", f"gpubox.inference.{module}")
+    assert text.returncode == 0, text.stderr
+    assert f"MODULE gpubox.inference.{module}" in text.stdout.replace("\x1b[1m", "").replace("\x1b[0m", "")
 
 
 def test_built_tarball_has_no_test_or_cache_files(tmp_path: Path):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 from conftest import captures
+from hardware import RYZEN_CHIPSET, bridge, cpuinfo, gpu, make_sysfs
 
 from ansible_collections.gpubox.inference.plugins.module_utils._pcie import (
     analyse_platform,
@@ -112,12 +110,6 @@ def test_epyc_subtree_follows_every_bridge_level():
 
 # ------------------------------------------------------------ CPU
 
-CPUINFO = "processor\t: {n}\nvendor_id\t: {vendor}\nmodel name\t: {model}\nphysical id\t: {socket}\n\n"
-
-
-def cpuinfo(vendor: str, model: str, sockets: int = 1) -> str:
-    return "".join(CPUINFO.format(n=i, vendor=vendor, model=model, socket=i % sockets) for i in range(4))
-
 
 @pytest.mark.parametrize(
     ("model", "family", "cpu_class", "lanes"),
@@ -147,46 +139,6 @@ def test_cpuinfo_counts_sockets():
 
 
 # ------------------------------------------------------------ sysfs trees
-
-
-def make_sysfs(root: Path, devices: dict[str, dict[str, str]]) -> Path:
-    """A /sys tree: each key is the device's path below /sys/devices, e.g. 'pci0000:00/0000:00:01.1/0000:01:00.0'."""
-    links = root / "sys" / "bus" / "pci" / "devices"
-    links.mkdir(parents=True)
-    for path, attributes in devices.items():
-        folder = root / "sys" / "devices" / path
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, value in attributes.items():
-            (folder / name).write_text(value + "\n")
-        os.symlink(os.path.relpath(folder, links), links / Path(path).name)
-    return root
-
-
-def bridge(vendor="0x1022", device="0x1483", speed="16.0 GT/s PCIe", width="16"):
-    return {"vendor": vendor, "device": device, "class": "0x060400", "max_link_speed": speed, "max_link_width": width}
-
-
-def gpu(cur_speed="16.0 GT/s PCIe", cur_width="16", max_speed="16.0 GT/s PCIe", max_width="16"):
-    return {
-        "vendor": "0x10de",
-        "device": "0x2204",
-        "class": "0x030000",
-        "current_link_speed": cur_speed,
-        "current_link_width": cur_width,
-        "max_link_speed": max_speed,
-        "max_link_width": max_width,
-    }
-
-
-RYZEN_CHIPSET = {
-    "pci0000:00/0000:00:01.1": bridge(),
-    "pci0000:00/0000:00:01.1/0000:01:00.0": gpu(),
-    "pci0000:00/0000:00:01.1/0000:01:00.1": {"vendor": "0x10de", "device": "0x1aef", "class": "0x040300"},
-    "pci0000:00/0000:00:01.2": bridge(),
-    "pci0000:00/0000:00:01.2/0000:02:00.2": bridge(device="0x43e9", width="4"),
-    "pci0000:00/0000:00:01.2/0000:02:00.2/0000:03:04.0": bridge(device="0x43ea", speed="8.0 GT/s PCIe", width="4"),
-    "pci0000:00/0000:00:01.2/0000:02:00.2/0000:03:04.0/0000:04:00.0": gpu(cur_speed="8.0 GT/s PCIe", cur_width="4"),
-}
 
 
 def test_ryzen_board_with_one_gpu_behind_the_chipset(tmp_path):

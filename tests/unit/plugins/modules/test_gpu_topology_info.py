@@ -6,46 +6,20 @@ its arguments, so these tests state exactly which commands the module runs.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ANSIBLE_ENV, FIXTURES, ROOT, parse_capture
+from conftest import ANSIBLE_ENV, FIXTURES, parse_capture
+from conftest import run_module as run_gpubox_module
 
 TOPO = FIXTURES / "A_topo_m" / "2x_rtx5090_threadripper3975wx_PHB_gpu_numa_id.txt"
 P2P = FIXTURES / "B_topo_p2p" / "2x_rtx5090_p2p_rw_GNS.txt"
 
 
 def run_module(args: dict, path_prefix: Path | None = None, check: bool = False) -> dict:
-    env = {**ANSIBLE_ENV, "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"}
-    if path_prefix:
-        env["PATH"] = f"{path_prefix}{os.pathsep}{env['PATH']}"
-    argv = [
-        "ansible",
-        "localhost",
-        "-c",
-        "local",
-        "-i",
-        "localhost,",
-        "-e",
-        f"ansible_python_interpreter={sys.executable}",
-        "-m",
-        "gpubox.inference.gpu_topology_info",
-    ]
-    if args:
-        argv += ["-a", json.dumps(args)]
-    if check:
-        argv.append("--check")
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    try:
-        # The json callback's document comes first; timing callbacks may print after it.
-        document, _end = json.JSONDecoder().raw_decode(proc.stdout[proc.stdout.index("{") :])
-        return document["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    except (ValueError, KeyError, IndexError):
-        pytest.fail(f"no JSON result (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return run_gpubox_module("gpu_topology_info", args, path_prefix, check)
 
 
 def body_file(tmp_path: Path, capture: Path) -> Path:

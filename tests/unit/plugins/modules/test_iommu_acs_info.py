@@ -1,0 +1,88 @@
+"""iommu_acs_info run as Ansible runs it: saved outputs, a hand-made /sys tree, and this machine's real lspci."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conftest import FIXTURES, parse_capture, run_module
+from hardware import bridge, gpu, make_sysfs
+
+EPYC = FIXTURES / "C_lspci" / "amd_epyc_gpp_bridge_40_01_1_acs_enabled_elided_plus_tv_subtree_rccl547.txt"
+
+
+def saved(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_saved_lspci_and_cmdline(tmp_path: Path):
+    result = run_module(
+        "iommu_acs_info",
+        {
+            "lspci_src": saved(tmp_path, "lspci.txt", parse_capture(EPYC).text),
+            "cmdline_src": saved(tmp_path, "cmdline", "BOOT_IMAGE=/vmlinuz ro amd_iommu=on iommu=pt\n"),
+        },
+        check=True,
+    )
+    assert result["changed"] is False
+    assert result["iommu"]["mode"] == "passthrough"
+    assert result["iommu"]["flags"] == ["amd_iommu=on", "iommu=pt"]
+    (entry,) = result["acs"]
+    assert entry["bdf"] == "40:01.1"
+    assert result["acs_verdict"]["verdict"] == "redirected"
+
+
+def test_gpu_pairs_and_iommu_groups_from_a_sysfs_tree(tmp_path: Path):
+    root = make_sysfs(
+        tmp_path / "root",
+        {
+            "pci0000:40/0000:40:01.1": bridge(),
+            "pci0000:40/0000:40:01.1/0000:41:00.0": gpu(),
+            "pci0000:40/0000:40:03.1": bridge(),
+            "pci0000:40/0000:40:03.1/0000:42:00.0": gpu(),
+        },
+    )
+    groups = root / "sys" / "kernel" / "iommu_groups"
+    for number, bdf in (("14", "0000:41:00.0"), ("15", "0000:42:00.0")):
+        (groups / number).mkdir(parents=True)
+        device = os.path.realpath(root / "sys" / "bus" / "pci" / "devices" / bdf)
+        os.symlink(os.path.relpath(groups / number, device), Path(device) / "iommu_group")
+    lspci = (
+        "40:01.1 PCI bridge: AMD GPP Bridge\n"
+        "\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-\n"
+        "40:03.1 PCI bridge: AMD GPP Bridge\n"
+        "\t\tACSCtl:\tSrcValid- TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-\n"
+    )
+    result = run_module(
+        "iommu_acs_info",
+        {
+            "sysfs_root": str(root),
+            "lspci_src": saved(tmp_path, "lspci.txt", lspci),
+            "cmdline_src": saved(tmp_path, "cmdline", "ro quiet\n"),
+        },
+    )
+    assert result["iommu"]["groups"] == {"0000:41:00.0": "14", "0000:42:00.0": "15"}
+    assert result["iommu"]["enabled"] is True
+    (pair,) = result["acs_verdict"]["gpu_pairs"]
+    assert pair == {
+        "gpus": ["0000:41:00.0", "0000:42:00.0"],
+        "bridges": ["0000:40:01.1", "0000:40:03.1"],
+        "redirecting": ["0000:40:01.1"],
+    }
+    assert result["acs_verdict"]["verdict"] == "redirected"
+
+
+def test_live_host_runs_the_real_lspci():
+    result = run_module("iommu_acs_info", {})
+    assert result.get("failed") is not True, result
+    assert result["acs_verdict"]["verdict"] in ("clear", "redirected", "unknown")
+    assert result["iommu"]["mode"] in ("passthrough", "translated", "off", "unknown")
+
+
+def test_damaged_acs_line_names_the_source_and_line(tmp_path: Path):
+    bad = saved(tmp_path, "bad.txt", "00:01.1 PCI bridge: x\n\t\tACSCtl:\tSrcValid+ TransBlk-\n")
+    result = run_module("iommu_acs_info", {"lspci_src": bad, "cmdline_src": saved(tmp_path, "c", "ro\n")})
+    assert result["failed"] is True
+    assert result["msg"].startswith(f"cannot read lspci_src={bad}: line 2: ACS flags ReqRedir")
