@@ -19,13 +19,8 @@ description:
     fields). Input it cannot read fails with a message naming the line; it never returns a guessed matrix.
 author:
   - gpubox maintainers (@gpubox)
-attributes:
-  check_mode:
-    support: full
-    description: Reads only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is no diff.
+extends_documentation_fragment:
+  - gpubox.inference.attributes.info_module
 options:
   src:
     description:

@@ -18,13 +18,8 @@ description:
     ones that sit between each GPU pair, and reports each GPU's IOMMU group.
 author:
   - gpubox maintainers (@gpubox)
-attributes:
-  check_mode:
-    support: full
-    description: Reads only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is no diff.
+extends_documentation_fragment:
+  - gpubox.inference.attributes.info_module
 options:
   lspci_src:
     description:

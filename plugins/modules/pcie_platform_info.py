@@ -20,13 +20,8 @@ description:
     no /sys tree is read.
 author:
   - gpubox maintainers (@gpubox)
-attributes:
-  check_mode:
-    support: full
-    description: Reads only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is no diff.
+extends_documentation_fragment:
+  - gpubox.inference.attributes.info_module
 options:
   sysfs_root:
     description:
