@@ -257,15 +257,22 @@ def render_svg(topology: dict, platform: dict) -> str:
             f'<rect x="{left}" y="20" width="{right - left}" height="{gpu_y + box_h - 8}" rx="8" fill="#f3f3f3" '
             f'stroke="#bbbbbb"/><text x="{left + 8}" y="36">NUMA {escape(node)}</text>'
         )
-    # Root ports (or chipset) above each GPU.
+    # Each GPU's way up: its CPU root port, and between them the chipset or a PCIe switch.
     for g in gpus:
         info = by_bus.get(bus_of.get(g["name"]) or "", {})
-        label = "chipset" if info.get("behind_chipset") else (info.get("root_port") or "root port ?")
-        x = x_of[g["name"]]
-        fill = "#ffe0b2" if info.get("behind_chipset") else "#e0e0e0"
-        parts.append(f'<rect x="{x}" y="60" width="{box_w}" height="28" rx="4" fill="{fill}" stroke="#757575"/>')
-        parts.append(f'<text x="{x + box_w / 2}" y="79" text-anchor="middle">{escape(label)}</text>')
-        parts.append(f'<line x1="{x + box_w / 2}" y1="88" x2="{x + box_w / 2}" y2="{gpu_y}" stroke="#757575"/>')
+        x, middle = x_of[g["name"]], x_of[g["name"]] + box_w / 2
+        parts.append(f'<rect x="{x}" y="48" width="{box_w}" height="26" rx="4" fill="#e0e0e0" stroke="#757575"/>')
+        parts.append(
+            f'<text x="{middle}" y="66" text-anchor="middle">{escape(info.get("root_port") or "root port ?")}</text>'
+        )
+        parts.append(f'<line x1="{middle}" y1="74" x2="{middle}" y2="{gpu_y}" stroke="#757575"/>')
+        bridges = len(info.get("bridges") or [])
+        if info.get("behind_chipset") or bridges > 1:
+            label, fill = ("chipset", "#ffe0b2") if info.get("behind_chipset") else ("PCIe switch", "#fff9c4")
+            parts.append(
+                f'<rect x="{x + 10}" y="96" width="{box_w - 20}" height="26" rx="4" fill="{fill}" stroke="#757575"/>'
+            )
+            parts.append(f'<text x="{middle}" y="114" text-anchor="middle">{escape(label)}</text>')
     # GPU-GPU links as arcs below the GPUs.
     names = [g["name"] for g in gpus]
     for i, a in enumerate(names):

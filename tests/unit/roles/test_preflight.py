@@ -152,3 +152,38 @@ def test_acs_unit_clears_each_redirecting_bridge(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "ExecStart=/usr/bin/setpci -s 0000:40:01.1 ECAP_ACS+0x6.w=0000" in result.stdout
     assert "ExecStart=/usr/bin/setpci -s 0000:00:03.2 ECAP_ACS+0x6.w=0000" in result.stdout
+
+
+def test_iommu_pt_remediation_edits_grub_once_and_leaves_the_reboot_to_the_user(tmp_path):
+    grub = tmp_path / "grub"
+    grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')
+    playbook = tmp_path / "remediate.yml"
+    play = {
+        "hosts": "localhost",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": "Remediate",
+                "ansible.builtin.include_role": {"name": "gpubox.inference.preflight", "tasks_from": "remediate.yml"},
+            }
+        ],
+    }
+    playbook.write_text(yaml.safe_dump([play]))
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "preflight_remediate_iommu_pt": True,
+        "__preflight_acs": {"acs_verdict": {"redirecting": []}},
+        "_preflight_grub_file": str(grub),
+        "_preflight_update_grub": "true",
+        "ansible_become": False,
+    }
+    argv = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", json.dumps(extra), str(playbook)]
+    first = run_ansible(*argv)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash iommu=pt"' in grub.read_text()
+    assert "RUNNING HANDLER [gpubox.inference.preflight : Update GRUB]" in first.stdout
+    assert "it takes effect at the next reboot" in first.stdout
+    second = run_ansible(*argv)
+    assert second.returncode == 0
+    assert "changed=0" in second.stdout
+    assert grub.read_text().count("iommu=pt") == 1

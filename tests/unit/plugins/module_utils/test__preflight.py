@@ -161,3 +161,16 @@ def test_every_capture_renders_valid_svg_and_a_full_markdown_matrix(cap):
     for n in topo["nics"]:
         assert (n["device"] or n["name"]) in texts
     assert len(result["lines"]) >= 3
+
+
+def test_svg_draws_root_ports_switches_and_the_chipset():
+    topo = topology("2gpu_aws_PIX_header_without_leading_tab_excerpt")
+    plat = platform(
+        gpu("0000:03:00.0", root_port="0000:00:01.1", bridges=["0000:02:00.0", "0000:01:00.0", "0000:00:01.1"]),
+        gpu("0000:09:00.0", root_port="0000:00:01.2", bridges=["0000:08:04.0", "0000:00:01.2"], behind_chipset=True),
+    )
+    svg = ET.fromstring(build("box", topo, plat, {}, NO_ACS, POLICY)["svg"])
+    texts = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert texts.count("PCIe switch") == 1
+    assert texts.count("chipset") == 1
+    assert {"0000:00:01.1", "0000:00:01.2"} <= set(texts)
