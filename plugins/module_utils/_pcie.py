@@ -24,9 +24,7 @@ AMD_CHIPSET_BRIDGES = {"0x43c6", "0x43c7", "0x43e9", "0x43ea", "0x43f4", "0x43f5
 # the CPU's own root ports are 00:01.x and 00:06.0.
 INTEL_PCH_ROOT_DEVICES = {"1b", "1c", "1d"}
 _CHIPSET_WORDS_RE = re.compile(r"\b(Chipset|PCH|Promontory)\b", re.IGNORECASE)
-_BDF_RE = re.compile(
-    r"^(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})\.(?P<fn>[0-7])$"
-)
+_BDF_RE = re.compile(r"^(?:(?P<domain>[0-9a-fA-F]{4,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})\.(?P<fn>[0-7])$")
 
 
 def normalize_bdf(text: str) -> str | None:
@@ -383,15 +381,11 @@ def analyse_platform(
             "bus_id": bdf,
             "root_port": chain[-1] if chain else None,
             "bridges": chain,
-            "behind_chipset": any(
-                is_chipset_bridge(b, sysfs.get(b), (tree.get(b) or {}).get("description")) for b in chain
-            )
+            "behind_chipset": any(is_chipset_bridge(b, sysfs.get(b), (tree.get(b) or {}).get("description")) for b in chain)
             if chain
             else None,
             "pcie_gen_current": smi.get("pcie_gen_current") or speed_to_gen(info.get("current_link_speed")),
-            "pcie_gen_max": smi.get("pcie_gen_device_max")
-            or smi.get("pcie_gen_max")
-            or speed_to_gen(info.get("max_link_speed")),
+            "pcie_gen_max": smi.get("pcie_gen_device_max") or smi.get("pcie_gen_max") or speed_to_gen(info.get("max_link_speed")),
             "pcie_gen_host_max": smi.get("pcie_gen_host_max") or speed_to_gen(upstream.get("max_link_speed")),
             "pcie_width_current": smi.get("pcie_width_current") or _int_or_none(info.get("current_link_width")),
             "pcie_width_max": smi.get("pcie_width_max") or _int_or_none(info.get("max_link_width")),

@@ -151,8 +151,7 @@ def render_lines(report: dict, topology: dict, platform: dict, iommu: dict, acs:
     lines.append(f"CPU: {cpu.get('model') or 'unknown'} ({cpu.get('class') or 'unknown class'}{lanes})")
     names = [g["name"] for g in topology["gpus"]]
     lines.append(
-        "Matrix: "
-        + "  ".join(f"{a}-{b}={topology['links'][a][b]}" for i, a in enumerate(names) for b in names[i + 1 :])
+        "Matrix: " + "  ".join(f"{a}-{b}={topology['links'][a][b]}" for i, a in enumerate(names) for b in names[i + 1 :])
     )
     bus_of = _gpu_bus_ids(topology, platform)
     by_bus = {g["bus_id"]: g for g in platform.get("gpus", [])}
@@ -164,8 +163,7 @@ def render_lines(report: dict, topology: dict, platform: dict, iommu: dict, acs:
             lines.append(f"{name} {gpu['bus_id']}: {link} via {where}; {gpu.get('link_note')}")
     flags = ", ".join(iommu.get("flags") or []) or "no IOMMU flags"
     lines.append(
-        f"IOMMU: {iommu.get('mode', 'unknown')} ({flags}); "
-        f"ACS: {acs.get('verdict', 'unknown')}: {acs.get('reason', '')}"
+        f"IOMMU: {iommu.get('mode', 'unknown')} ({flags}); ACS: {acs.get('verdict', 'unknown')}: {acs.get('reason', '')}"
     )
     for pair in report["pairs"]:
         why = f" ({'; '.join(pair['reasons'])})" if pair["reasons"] else ""
@@ -218,9 +216,7 @@ def render_markdown(host: str, report: dict, topology: dict, platform: dict, iom
     out += [f"- {r}" for r in report["decisions"]["reasons"]] or ["- NCCL keeps P2P on (nothing redirects it)."]
     if report["failures"] or report["warnings"]:
         out += (
-            ["", "## Problems", ""]
-            + [f"- FAIL: {m}" for m in report["failures"]]
-            + [f"- WARN: {m}" for m in report["warnings"]]
+            ["", "## Problems", ""] + [f"- FAIL: {m}" for m in report["failures"]] + [f"- WARN: {m}" for m in report["warnings"]]
         )
     return "\n".join([*out, ""])
 
@@ -262,16 +258,12 @@ def render_svg(topology: dict, platform: dict) -> str:
         info = by_bus.get(bus_of.get(g["name"]) or "", {})
         x, middle = x_of[g["name"]], x_of[g["name"]] + box_w / 2
         parts.append(f'<rect x="{x}" y="48" width="{box_w}" height="26" rx="4" fill="#e0e0e0" stroke="#757575"/>')
-        parts.append(
-            f'<text x="{middle}" y="66" text-anchor="middle">{escape(info.get("root_port") or "root port ?")}</text>'
-        )
+        parts.append(f'<text x="{middle}" y="66" text-anchor="middle">{escape(info.get("root_port") or "root port ?")}</text>')
         parts.append(f'<line x1="{middle}" y1="74" x2="{middle}" y2="{gpu_y}" stroke="#757575"/>')
         bridges = len(info.get("bridges") or [])
         if info.get("behind_chipset") or bridges > 1:
             label, fill = ("chipset", "#ffe0b2") if info.get("behind_chipset") else ("PCIe switch", "#fff9c4")
-            parts.append(
-                f'<rect x="{x + 10}" y="96" width="{box_w - 20}" height="26" rx="4" fill="{fill}" stroke="#757575"/>'
-            )
+            parts.append(f'<rect x="{x + 10}" y="96" width="{box_w - 20}" height="26" rx="4" fill="{fill}" stroke="#757575"/>')
             parts.append(f'<text x="{middle}" y="114" text-anchor="middle">{escape(label)}</text>')
     # GPU-GPU links as arcs below the GPUs.
     names = [g["name"] for g in gpus]
@@ -286,9 +278,7 @@ def render_svg(topology: dict, platform: dict) -> str:
                 f'fill="none" stroke="{colour}" stroke-width="2">'
                 f"<title>{escape(a)}-{escape(b)} {escape(code)}</title></path>"
             )
-            parts.append(
-                f'<text x="{(x1 + x2) / 2}" y="{depth + 12}" text-anchor="middle" fill="{colour}">{escape(code)}</text>'
-            )
+            parts.append(f'<text x="{(x1 + x2) / 2}" y="{depth + 12}" text-anchor="middle" fill="{colour}">{escape(code)}</text>')
     for g in gpus:
         x = x_of[g["name"]]
         info = by_bus.get(bus_of.get(g["name"]) or "", {})
@@ -299,16 +289,13 @@ def render_svg(topology: dict, platform: dict) -> str:
             f'stroke="{stroke}" stroke-width="2"/>'
         )
         parts.append(
-            f'<text x="{x + box_w / 2}" y="{gpu_y + 18}" text-anchor="middle" font-weight="bold">'
-            f"{escape(g['name'])}</text>"
+            f'<text x="{x + box_w / 2}" y="{gpu_y + 18}" text-anchor="middle" font-weight="bold">{escape(g["name"])}</text>'
         )
         parts.append(f'<text x="{x + box_w / 2}" y="{gpu_y + 34}" text-anchor="middle">{escape(link)}</text>')
     for i, n in enumerate(nics):
         x = gap + i * (box_w + gap)
         label = n["device"] or n["name"]
-        parts.append(
-            f'<rect x="{x}" y="{nic_y}" width="{box_w}" height="{box_h}" rx="6" fill="#e3f2fd" stroke="#1565c0"/>'
-        )
+        parts.append(f'<rect x="{x}" y="{nic_y}" width="{box_w}" height="{box_h}" rx="6" fill="#e3f2fd" stroke="#1565c0"/>')
         parts.append(f'<text x="{x + box_w / 2}" y="{nic_y + 26}" text-anchor="middle">{escape(label)}</text>')
     for k, (name, colour) in enumerate(
         [("NVLink", "#2e7d32"), ("PIX/PXB", "#1565c0"), ("PHB/NODE", "#ef6c00"), ("SYS", "#c62828")]

@@ -260,14 +260,11 @@ def analyse(topology: dict, p2p: dict[str, dict[str, str]] | None = None) -> dic
     """
     p2p = p2p or {}
     normalized = {
-        row: {column: normalize_link(code) for column, code in columns.items()}
-        for row, columns in topology["links"].items()
+        row: {column: normalize_link(code) for column, code in columns.items()} for row, columns in topology["links"].items()
     }
     pairs = _gpu_pairs(topology)
     nvlink_pairs = [
-        {"gpus": [a, b], "links": int(normalized[a][b][2:])}
-        for a, b in pairs
-        if link_class(normalized[a][b]) == "NVLINK"
+        {"gpus": [a, b], "links": int(normalized[a][b][2:])} for a, b in pairs if link_class(normalized[a][b]) == "NVLINK"
     ]
     result = {"links_normalized": normalized, "nvlink_pairs": nvlink_pairs, "worst_gpu_link": None}
     if not pairs:

@@ -39,9 +39,7 @@ def run_preflight(tmp_path: Path, *flags: str, **extra) -> tuple[int, str, Path]
     return result.returncode, result.stdout + result.stderr, reports / "localhost"
 
 
-def captured(
-    tmp_path: Path, topology: Path, lspci: Path, cmdline: str = "ro quiet\n", root: Path | None = None
-) -> dict:
+def captured(tmp_path: Path, topology: Path, lspci: Path, cmdline: str = "ro quiet\n", root: Path | None = None) -> dict:
     (tmp_path / "cmdline").write_text(cmdline)
     if root is None:
         root = tmp_path / "empty-root"
@@ -59,9 +57,7 @@ def test_host_without_gpu_gets_one_clear_message(tmp_path):
     assert rc == 0, out
     assert "No NVIDIA GPU found on this host: nothing to check." in out
     assert "Traceback" not in out
-    assert (reports / "preflight.md").read_text().splitlines()[
-        2
-    ] == "No NVIDIA GPU found on this host: nothing to check."
+    assert (reports / "preflight.md").read_text().splitlines()[2] == "No NVIDIA GPU found on this host: nothing to check."
     assert not (reports / "preflight.svg").exists()
 
 
@@ -86,9 +82,7 @@ def test_acs_redirect_is_reported_and_decides_nccl_p2p_disable(tmp_path):
 
 
 def test_acs_redirect_fails_the_play_by_policy(tmp_path):
-    rc, out, reports = run_preflight(
-        tmp_path, **captured(tmp_path, SYS_3090, EPYC_ACS), preflight_fail_on_acs_redirect=True
-    )
+    rc, out, reports = run_preflight(tmp_path, **captured(tmp_path, SYS_3090, EPYC_ACS), preflight_fail_on_acs_redirect=True)
     assert rc == 2
     assert "Preflight failed on localhost: GPU0-GPU1: will hang or corrupt" in out
     assert (reports / "preflight.md").exists(), "the report is written before the policy fails the play"

@@ -61,9 +61,7 @@ def test_idle_gen1_is_power_saving_not_a_fault():
 
 
 def test_gen_below_max_under_load_is_a_fault():
-    downtrained, note = judge_link(
-        {"pcie_gen_current": 3, "pcie_gen_max": 4, "pcie_gen_host_max": 4, "performance_state": "P0"}
-    )
+    downtrained, note = judge_link({"pcie_gen_current": 3, "pcie_gen_max": 4, "pcie_gen_host_max": 4, "performance_state": "P0"})
     assert downtrained is True
     assert "Gen3 under load (P0)" in note
 
@@ -220,9 +218,7 @@ def test_intel_pch_root_port_is_the_chipset(tmp_path):
                 {
                     "pci0000:00/0000:00:01.0": bridge(vendor="0x8086", device="0xa70d"),
                     "pci0000:00/0000:00:01.0/0000:01:00.0": gpu(),
-                    "pci0000:00/0000:00:1c.4": bridge(
-                        vendor="0x8086", device="0x7a3c", speed="8.0 GT/s PCIe", width="4"
-                    ),
+                    "pci0000:00/0000:00:1c.4": bridge(vendor="0x8086", device="0x7a3c", speed="8.0 GT/s PCIe", width="4"),
                     "pci0000:00/0000:00:1c.4/0000:05:00.0": gpu(cur_speed="8.0 GT/s PCIe", cur_width="4"),
                 },
             )
@@ -246,8 +242,6 @@ def test_normalize_bdf(text, bdf):
     assert normalize_bdf(text) == bdf
 
 
-@pytest.mark.parametrize(
-    ("speed", "gen"), [("2.5 GT/s PCIe", 1), ("16.0 GT/s PCIe", 4), ("32GT/s", 5), ("Unknown", None)]
-)
+@pytest.mark.parametrize(("speed", "gen"), [("2.5 GT/s PCIe", 1), ("16.0 GT/s PCIe", 4), ("32GT/s", 5), ("Unknown", None)])
 def test_speed_to_gen(speed, gen):
     assert speed_to_gen(speed) == gen

@@ -22,8 +22,7 @@ POLICY = {
 NO_ACS = {"verdict": "clear", "reason": "", "redirecting": [], "gpu_pairs": []}
 REDIRECT = judge_acs(
     parse_lspci_acs(
-        "40:01.1 PCI bridge: AMD\n"
-        "\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-\n"
+        "40:01.1 PCI bridge: AMD\n\t\tACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-\n"
     )
 )
 
@@ -118,9 +117,7 @@ def test_chipset_gpu_fails_in_the_group_and_is_only_slow_outside_it():
     plat = platform(gpu("0000:01:00.0"), gpu("0000:04:00.0", behind_chipset=True))
     report = combine(topo, plat, NO_ACS, {}, POLICY)
     assert verdicts(report) == {"GPU0-GPU1": "slow"}
-    assert report["failures"] == [
-        "GPU1 (0000:04:00.0) hangs off the chipset, not a CPU root port, in a tensor-parallel group"
-    ]
+    assert report["failures"] == ["GPU1 (0000:04:00.0) hangs off the chipset, not a CPU root port, in a tensor-parallel group"]
     warn_only = combine(topo, plat, NO_ACS, {}, {**POLICY, "fail_on_chipset_gpu": False})
     assert warn_only["failures"] == []
     assert warn_only["warnings"] == report["failures"]

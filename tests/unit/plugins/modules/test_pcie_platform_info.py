@@ -25,9 +25,7 @@ def test_hand_made_tree_with_a_chipset_gpu(tmp_path: Path):
 def test_saved_smi_q_and_lspci_tree_of_another_machine(tmp_path: Path):
     smi = tmp_path / "q.txt"
     smi.write_text(
-        parse_capture(
-            FIXTURES / "E_smi_q_pcie" / "laptop_tu117_asus_q_pci_gen3max_gen1cur_x16max_x8cur_driver575.txt"
-        ).text
+        parse_capture(FIXTURES / "E_smi_q_pcie" / "laptop_tu117_asus_q_pci_gen3max_gen1cur_x16max_x8cur_driver575.txt").text
     )
     empty = tmp_path / "empty"
     empty.mkdir()
