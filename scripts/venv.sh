@@ -29,8 +29,11 @@ if [ ! -f "$venv/.complete" ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
     "$python" -m venv "$venv"
   fi
-  "$venv/bin/python" -m pip install -q --upgrade pip >&2
-  "$venv/bin/python" -m pip install -q -r "${locks[-1]}" >&2
+  # This machine's pip config lists local indexes that may not exist; their warnings are noise.
+  quiet() { grep -v "^WARNING: Location 'file:" >&2 || true; }
+  "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | quiet
+  "$venv/bin/python" -m pip install -q -r "${locks[-1]}" 2>&1 | quiet
+  "$venv/bin/python" -c 'import ansible, pynvml' 2>/dev/null || { echo "[venv] install failed" >&2; exit 1; }
   touch "$venv/.complete"
 fi
 echo "$venv"

@@ -55,3 +55,50 @@ RYZEN_CHIPSET = {
     "pci0000:00/0000:00:01.2/0000:02:00.2/0000:03:04.0": bridge(device="0x43ea", speed="8.0 GT/s PCIe", width="4"),
     "pci0000:00/0000:00:01.2/0000:02:00.2/0000:03:04.0/0000:04:00.0": gpu(cur_speed="8.0 GT/s PCIe", cur_width="4"),
 }
+
+
+# ------------------------------------------------------------ NVML
+
+# Two RTX 3090s as one capture reports them (A_topo_m/2x_rtx3090_SYS_...: bus 09:00.0 and 41:00.0,
+# driver 595.71.05, GPU0-GPU1=SYS). UUIDs and serials are made up; consumer cards report no serial.
+RTX3090_PAIR = {
+    "driver": "595.71.05",
+    "cuda": 13000,
+    "gpus": [
+        {
+            "name": "NVIDIA GeForce RTX 3090",
+            "uuid": "GPU-3090aaaa-0000-0000-0000-000000000000",
+            "serial": None,
+            "memory_bytes": 24 * 1024**3,
+            "bus_id": "00000000:09:00.0",
+            "device_id": 0x220410DE,
+            "gen": [4, 4],
+            "width": [16, 16],
+            "numa": None,
+            "cc": [8, 6],
+        },
+        {
+            "name": "NVIDIA GeForce RTX 3090",
+            "uuid": "GPU-3090bbbb-0000-0000-0000-000000000000",
+            "serial": None,
+            "memory_bytes": 24 * 1024**3,
+            "bus_id": "00000000:41:00.0",
+            "device_id": 0x220410DE,
+            "gen": [2, 4],
+            "width": [4, 16],
+            "numa": 1,
+            "cc": [8, 6],
+        },
+    ],
+    # NVML P2P status per caps index (read, write, nvlink, atomics, prop); 5 = not supported.
+    "p2p": {"0-1": [5, 5, 5, 5, 5], "1-0": [5, 5, 5, 5, 5]},
+    "topology": {"0-1": 50, "1-0": 50},
+}
+
+
+def nvml_machine(path: Path, machine: dict) -> Path:
+    """Write a machine for tests/unit/fakes/pynvml.py; point GPUBOX_FAKE_NVML at the returned path."""
+    import json
+
+    path.write_text(json.dumps(machine))
+    return path
