@@ -1,0 +1,204 @@
+#!/usr/bin/python
+# Copyright (c) gpubox.inference contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_p2p_facts
+short_description: Measure and verify GPU peer-to-peer bandwidth, and decide the NCCL and vLLM settings it allows
+version_added: 0.1.0
+description:
+  - For every ordered GPU pair, measures unidirectional and bidirectional bandwidth with peer access enabled and
+    through host staging (peer access disabled), and latency; compares each pair with the PCIe limit of its link.
+  - Verifies correctness, copying a known pattern (a small and a large buffer) across every pair and comparing it bit
+    for bit. A pair whose P2P copy loses or corrupts data is V(broken); one slower than the host-staged copy is
+    V(slower_than_staged); one whose copy does not return within O(timeout) is V(hang), and the play goes on.
+  - Talks to the CUDA driver API (C(libcuda.so.1)) through ctypes, so the host needs only the NVIDIA driver. Every
+    measurement runs in a child process under a watchdog.
+  - Or imports a saved C(nvbandwidth) or cuda-samples C(p2pBandwidthLatencyTest) output (O(src)) instead of measuring.
+  - Returns C(ansible_facts.gpu_p2p), with a C(decisions) section (per pair C(p2p_usable) and why, and
+    C(nccl_p2p_disable), C(nccl_p2p_level), C(vllm_disable_custom_all_reduce)) that later roles only read.
+  - With O(fingerprint) (from M(gpubox.inference.gpu_facts)), caches the result at O(cache_path) and measures again
+    only when the fingerprint changed or O(force=true).
+author:
+  - gpubox maintainers (@gpubox)
+extends_documentation_fragment:
+  - gpubox.inference.attributes.info_module
+options:
+  src:
+    description: A saved C(nvbandwidth) or C(p2pBandwidthLatencyTest) output to import instead of measuring.
+    type: path
+  timeout:
+    description: Seconds one pair's measurement may take before it is reported as V(hang).
+    type: float
+    default: 60
+  fingerprint:
+    description: The GPU set's fingerprint; the cache key. Without it nothing is cached.
+    type: str
+  force:
+    description: Measure even when the cache holds a result for O(fingerprint).
+    type: bool
+    default: false
+  cache_path:
+    description: Where the result is cached (written only outside check mode).
+    type: path
+    default: /etc/ansible/facts.d/gpubox_p2p.fact
+  libcuda:
+    description: The CUDA driver library to load; defaults to C(GPUBOX_LIBCUDA) from the environment, else C(libcuda.so.1).
+    type: path
+  bandwidth_mib:
+    description: Size of each bandwidth copy, in MiB; also the large verification buffer.
+    type: int
+    default: 64
+  repetitions:
+    description: Copies per bandwidth figure.
+    type: int
+    default: 10
+notes:
+  - One GPU has no pair to measure; the facts say so.
+"""
+
+EXAMPLES = r"""
+- name: Read the GPU set
+  gpubox.inference.gpu_facts:
+
+- name: Measure P2P once per GPU set
+  gpubox.inference.gpu_p2p_facts:
+    fingerprint: "{{ ansible_facts.gpu.fingerprint }}"
+  become: true
+  when: ansible_facts.gpu.count | int > 1
+
+- name: Import a saved p2pBandwidthLatencyTest run
+  gpubox.inference.gpu_p2p_facts:
+    src: /tmp/p2pBandwidthLatencyTest.txt
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added under C(gpu_p2p).
+  returned: always
+  type: dict
+  contains:
+    gpu_p2p:
+      description:
+        - C(source) (V(measured), V(nvbandwidth), V(p2pBandwidthLatencyTest), or V(none) with a C(reason)),
+          C(gpus) (count), C(devices), C(matrices) (test name -> rows of floats in GB/s or us, null for N/A),
+          C(pairs) (C("i-j") -> C(status), C(can_access_peer), C(verified), C(detail), C(pcie_limit_gbps),
+          C(ratio_to_limit)), C(decisions), C(fingerprint) and C(cached).
+      type: dict
+      sample:
+        source: measured
+        gpus: 2
+        pairs: {"0-1": {"status": "broken", "verified": false, "detail": "4096-byte copy: nothing arrived"}}
+        decisions:
+          nccl_p2p_disable: true
+          vllm_disable_custom_all_reduce: true
+          nccl_p2p_level: null
+          pairs: {"0-1": {"p2p_usable": false, "reason": "P2P copies lose or corrupt data"}}
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpubox.inference.plugins.module_utils._bandwidth import BandwidthParseError, parse_report
+from ansible_collections.gpubox.inference.plugins.module_utils._cuda_p2p import MIB, default_settings, library_path, measure
+from ansible_collections.gpubox.inference.plugins.module_utils._module_io import read_src
+from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide, from_measurement, from_report
+from ansible_collections.gpubox.inference.plugins.module_utils._pcie import read_sysfs_pci, speed_to_gen
+
+
+def build_module() -> AnsibleModule:
+    return AnsibleModule(
+        argument_spec={
+            "src": {"type": "path"},
+            "timeout": {"type": "float", "default": 60},
+            "fingerprint": {"type": "str"},
+            "force": {"type": "bool", "default": False},
+            "cache_path": {"type": "path", "default": "/etc/ansible/facts.d/gpubox_p2p.fact"},
+            "libcuda": {"type": "path"},
+            "bandwidth_mib": {"type": "int", "default": 64},
+            "repetitions": {"type": "int", "default": 10},
+        },
+        supports_check_mode=True,
+    )
+
+
+def _links() -> dict[str, dict]:
+    """Each PCI device's link for the PCIe limit: the narrower generation of its two ends, its trained width."""
+    sysfs = read_sysfs_pci("/")
+    links = {}
+    for bdf, info in sysfs.items():
+        parent = sysfs.get(info["parents"][0], {}) if info["parents"] else {}
+        gens = [g for g in (speed_to_gen(info.get("max_link_speed")), speed_to_gen(parent.get("max_link_speed"))) if g]
+        width = info.get("current_link_width")
+        links[bdf] = {"gen": min(gens) if gens else None, "width": int(width) if width and width.isdigit() else None}
+    return links
+
+
+def _cached(module: AnsibleModule) -> dict | None:
+    fingerprint, path = module.params["fingerprint"], module.params["cache_path"]
+    if not fingerprint or module.params["force"] or not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            cached = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return cached if isinstance(cached, dict) and cached.get("fingerprint") == fingerprint else None
+
+
+def _store(module: AnsibleModule, facts: dict) -> None:
+    path = module.params["cache_path"]
+    if not module.params["fingerprint"] or module.check_mode or facts["source"] == "none":
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(facts, handle, indent=1, sort_keys=True)
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        module.warn(f"cache_path={path!r}: could not write the cache ({exc.strerror})")
+
+
+def _validate(module: AnsibleModule) -> None:
+    for option, low in (("timeout", 0.1), ("bandwidth_mib", 1), ("repetitions", 1)):
+        if module.params[option] < low:
+            module.fail_json(msg=f"{option}={module.params[option]} must be at least {low}")
+
+
+def main() -> None:
+    module = build_module()
+    _validate(module)
+    if module.params["src"]:
+        try:
+            facts = from_report(parse_report(read_src(module, "src")))
+        except BandwidthParseError as exc:
+            module.fail_json(msg=f"cannot read src={module.params['src']}: {exc}")
+    elif (cached := _cached(module)) is not None:
+        module.exit_json(changed=False, ansible_facts={"gpu_p2p": {**cached, "cached": True}})
+    else:
+        settings = {**default_settings(), "bandwidth_bytes": module.params["bandwidth_mib"] * MIB}
+        settings["repetitions"] = module.params["repetitions"]
+        measured = measure(library_path(module.params["libcuda"]), settings, module.params["timeout"])
+        if measured["error"] and not measured["pairs"]:
+            facts = {"source": "none", "reason": measured["error"], "gpus": len(measured["devices"]), "pairs": {}}
+            facts["decisions"] = decide({}, 0, verified=False)
+        elif len(measured["devices"]) < 2:
+            facts = {"source": "none", "reason": "fewer than two GPUs: no pair to measure", "gpus": len(measured["devices"])}
+            facts.update(devices=measured["devices"], pairs={}, decisions=decide({}, 0, verified=False))
+        else:
+            facts = from_measurement(measured, _links())
+            if measured["error"]:
+                facts["error"] = measured["error"]
+    facts["fingerprint"] = module.params["fingerprint"]
+    facts["cached"] = False
+    _store(module, facts)
+    module.exit_json(changed=False, ansible_facts={"gpu_p2p": facts})
+
+
+if __name__ == "__main__":
+    main()
