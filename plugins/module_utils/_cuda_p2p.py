@@ -90,6 +90,11 @@ def _copy(cuda: Driver, dst: Gpu, dst_ptr, src: Gpu, src_ptr, size: int, stream)
     cuda("cuMemcpyPeerAsync", dst_ptr, dst.context, src_ptr, src.context, ctypes.c_size_t(size), stream)
 
 
+def _copies(cuda: Driver, dst: Gpu, dst_ptr, src: Gpu, src_ptr, size: int, stream, count: int) -> None:
+    for _index in range(count):
+        _copy(cuda, dst, dst_ptr, src, src_ptr, size, stream)
+
+
 def _timed(cuda: Driver, gpu: Gpu, work) -> float:
     """Seconds that ``work()`` takes on ``gpu``'s stream, by CUDA events."""
     gpu.use()
@@ -128,21 +133,20 @@ def measure_pair(cuda: Driver, src: Gpu, dst: Gpu, settings: dict) -> dict:
                 dst.peer_access(src, peer)
             key = "enabled" if peer else "disabled"
             # Warm both GPUs: idle links drop to Gen1 and the first copies set up mappings.
-            for _ in range(settings["warmup"]):
-                _copy(cuda, dst, b, src, a, size, src.stream)
+            _copies(cuda, dst, b, src, a, size, src.stream, settings["warmup"])
             cuda("cuStreamSynchronize", src.stream)
-            seconds = _timed(cuda, src, lambda: [_copy(cuda, dst, b, src, a, size, src.stream) for _ in range(reps)])
+            seconds = _timed(cuda, src, lambda: _copies(cuda, dst, b, src, a, size, src.stream, reps))
             result[f"unidirectional_p2p_{key}"] = size * reps / seconds / 1e9
 
             def both_ways():
-                for _ in range(reps):
+                for _index in range(reps):
                     _copy(cuda, dst, b, src, a, size, src.stream)
                     _copy(cuda, src, back_a, dst, back_b, size, dst.stream)
                 cuda("cuStreamSynchronize", dst.stream)
 
             seconds = _timed(cuda, src, both_ways)
             result[f"bidirectional_p2p_{key}"] = 2 * size * reps / seconds / 1e9
-            seconds = _timed(cuda, src, lambda: [_copy(cuda, dst, b, src, a, 4, src.stream) for _ in range(reps * 10)])
+            seconds = _timed(cuda, src, lambda: _copies(cuda, dst, b, src, a, 4, src.stream, reps * 10))
             result[f"latency_gpu_p2p_{key}_us"] = seconds / (reps * 10) * 1e6
         if result["can_access_peer"]:
             src.peer_access(dst, True)

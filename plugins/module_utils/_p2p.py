@@ -45,7 +45,7 @@ def pair_status(result: dict) -> str:
 def from_measurement(measured: dict, links: dict[str, dict] | None = None) -> dict:
     """``_cuda_p2p.measure`` output -> the gpu_p2p facts (matrices, pairs, decisions)."""
     count = len(measured["devices"])
-    matrices = {name: [[None] * count for _ in range(count)] for name in MATRIX_NAMES}
+    matrices = {name: [[None] * count for _row in range(count)] for name in MATRIX_NAMES}
     pairs = {}
     for (i, j), result in sorted(measured["pairs"].items()):
         for name in MATRIX_NAMES:

@@ -114,3 +114,11 @@ def run_module(module: str, args: dict, path_prefix: Path | None = None, check: 
         return document["plays"][0]["tasks"][0]["hosts"]["localhost"]
     except (ValueError, KeyError, IndexError):
         pytest.fail(f"no JSON result (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+
+
+@pytest.fixture(scope="session")
+def fake_libcuda(tmp_path_factory) -> Path:
+    """The stand-in CUDA driver, compiled once per test run."""
+    from hardware import build_fake_libcuda
+
+    return build_fake_libcuda(tmp_path_factory.mktemp("libcuda"))

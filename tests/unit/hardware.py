@@ -102,3 +102,23 @@ def nvml_machine(path: Path, machine: dict) -> Path:
 
     path.write_text(json.dumps(machine))
     return path
+
+
+# ------------------------------------------------------------ CUDA driver
+
+FAKE_LIBCUDA_SOURCE = Path(__file__).parent / "fakes" / "libcuda.c"
+
+
+def build_fake_libcuda(folder: Path) -> Path:
+    """Compile tests/unit/fakes/libcuda.c into ``folder/libcuda.so.1`` with gcc."""
+    import subprocess
+
+    folder.mkdir(parents=True, exist_ok=True)
+    library = folder / "libcuda.so.1"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(library), str(FAKE_LIBCUDA_SOURCE)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return library

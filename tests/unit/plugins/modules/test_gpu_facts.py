@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import ANSIBLE_ENV, ROOT, run_module
+from conftest import ANSIBLE_ENV, ROOT, run_ansible, run_module
 from hardware import RTX3090_PAIR, nvml_machine
 
 FAKES = ROOT / "tests" / "unit" / "fakes"
@@ -72,3 +73,18 @@ def test_unreadable_record_is_a_warning(tmp_path: Path, fake_nvml):
     result = run_module("gpu_facts", {"fingerprint_path": str(stored)})
     assert "could not be read as JSON" in " ".join(result.get("warnings", []))
     assert result["ansible_facts"]["gpu"]["fingerprint_stored"] is None
+
+
+def test_works_as_a_facts_module_in_gathering(tmp_path: Path, fake_nvml, monkeypatch):
+    fake_nvml(RTX3090_PAIR)
+    monkeypatch.setitem(ANSIBLE_ENV, "ANSIBLE_FACTS_MODULES", "ansible.builtin.setup,gpubox.inference.gpu_facts")
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: true\n  tasks:\n"
+        "    - ansible.builtin.debug:\n        msg: 'gpus={{ ansible_facts.gpu.count }} os={{ ansible_facts.os_family }}'\n"
+    )
+    result = run_ansible(
+        "ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", str(playbook)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '"msg": "gpus=2 os=Debian"' in result.stdout

@@ -1,0 +1,97 @@
+"""_cuda_p2p against a stand-in libcuda (tests/unit/fakes/libcuda.c) that can drop, corrupt, slow down or hang copies.
+
+The measurement code is the one that runs on a GPU host; only the library it loads differs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ansible_collections.gpubox.inference.plugins.module_utils._cuda_p2p import MIB, default_settings, measure
+from ansible_collections.gpubox.inference.plugins.module_utils._p2p import pair_status
+
+SMALL = {**default_settings(), "bandwidth_bytes": 2 * MIB, "repetitions": 3, "warmup": 1}
+
+
+@pytest.fixture
+def fake(fake_libcuda, monkeypatch):
+    def configure(**env):
+        for key in ("FAKE_CUDA_DEVICES", "FAKE_CUDA_PEER", "FAKE_CUDA_MODE", "FAKE_CUDA_PAIR", "FAKE_CUDA_INIT_ERROR"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(f"FAKE_CUDA_{key.upper()}", str(value))
+        return str(fake_libcuda)
+
+    return configure
+
+
+def statuses(result: dict) -> dict:
+    return {f"{i}-{j}": pair_status(r) for (i, j), r in sorted(result["pairs"].items())}
+
+
+def test_healthy_pair_is_measured_both_ways_and_verified(fake):
+    result = measure(fake(devices=2), SMALL, timeout=10)
+    assert result["error"] is None
+    assert result["devices"] == ["0000:10:00.0", "0000:20:00.0"]
+    assert statuses(result) == {"0-1": "ok", "1-0": "ok"}
+    pair = result["pairs"][(0, 1)]
+    for name in (
+        "unidirectional_p2p_enabled",
+        "unidirectional_p2p_disabled",
+        "bidirectional_p2p_enabled",
+        "latency_gpu_p2p_enabled_us",
+    ):
+        assert pair[name] > 0
+    assert pair["verify_detail"] == f"4096- and {2 * MIB}-byte copies arrived bit for bit"
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "detail"),
+    [
+        ("drop", "broken", "4096-byte copy: nothing arrived"),
+        ("corrupt", "broken", "4096-byte copy: 1 of 4096 bytes differ"),
+        ("slow", "slower_than_staged", None),
+    ],
+)
+def test_faulty_p2p_path_is_caught(fake, mode, status, detail):
+    result = measure(fake(devices=2, mode=mode, pair="0-1"), SMALL, timeout=10)
+    assert statuses(result)["0-1"] == status
+    assert statuses(result)["1-0"] == "ok"
+    if detail:
+        assert result["pairs"][(0, 1)]["verify_detail"] == detail
+
+
+def test_a_hanging_pair_costs_one_timeout_and_the_others_are_still_measured(fake):
+    started = time.monotonic()
+    result = measure(fake(devices=3, mode="hang", pair="0-1"), SMALL, timeout=2)
+    elapsed = time.monotonic() - started
+    # 0->1 hangs; 1->0 hangs too, since its bidirectional run copies 0->1 as well.
+    assert statuses(result) == {"0-1": "hang", "0-2": "ok", "1-0": "hang", "1-2": "ok", "2-0": "ok", "2-1": "ok"}
+    assert result["pairs"][(0, 1)] == {"hang": True, "timeout_s": 2}
+    assert result["error"] is None
+    assert elapsed < 2 * 2 + 5
+
+
+def test_no_peer_access_is_reported_and_still_copies_through_the_host(fake):
+    result = measure(fake(devices=2, peer=0), SMALL, timeout=10)
+    assert statuses(result) == {"0-1": "no_peer_access", "1-0": "no_peer_access"}
+    assert result["pairs"][(0, 1)]["verified"] is True
+
+
+def test_driver_that_finds_no_device_is_an_error_not_a_crash(fake):
+    result = measure(fake(init_error=1), SMALL, timeout=10)
+    assert result["pairs"] == {}
+    assert result["error"].startswith("cuInit failed: 100")
+
+
+def test_missing_library_is_an_error(tmp_path):
+    result = measure(str(tmp_path / "libcuda.so.1"), SMALL, timeout=10)
+    assert result["error"].startswith(f"cannot load {tmp_path / 'libcuda.so.1'}")
+
+
+def test_four_gpus_give_twelve_ordered_pairs(fake):
+    result = measure(fake(devices=4), {**SMALL, "bandwidth_bytes": MIB // 4}, timeout=10)
+    assert len(result["pairs"]) == 12
+    assert set(statuses(result).values()) == {"ok"}

@@ -1,0 +1,103 @@
+"""_p2p: pair status, facts from captured reports, and the NCCL/vLLM decisions they imply."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import captures
+
+from ansible_collections.gpubox.inference.plugins.module_utils._bandwidth import parse_report
+from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide, from_measurement, from_report, pair_status
+
+D = {c.path.stem: c for c in captures("D_p2p_bandwidth")}
+
+
+def facts(stem: str) -> dict:
+    return from_report(parse_report(D[stem].text))
+
+
+@pytest.mark.parametrize(
+    ("result", "status"),
+    [
+        ({"hang": True}, "hang"),
+        ({"can_access_peer": True, "verified": False}, "broken"),
+        ({"can_access_peer": False, "verified": True}, "no_peer_access"),
+        ({"can_access_peer": True, "unidirectional_p2p_enabled": 9.0, "unidirectional_p2p_disabled": 20.0}, "slower_than_staged"),
+        (
+            {"can_access_peer": True, "verified": True, "unidirectional_p2p_enabled": 26.3, "unidirectional_p2p_disabled": 22.2},
+            "ok",
+        ),
+    ],
+)
+def test_pair_status(result, status):
+    assert pair_status(result) == status
+
+
+def test_rtx4090_without_peer_access_disables_p2p():
+    f = facts("2x_rtx4090_p2pBandwidthLatencyTest_p2p_unavailable_driver525")
+    assert f["source"] == "p2pBandwidthLatencyTest"
+    assert {k: v["status"] for k, v in f["pairs"].items()} == {"0-1": "no_peer_access", "1-0": "no_peer_access"}
+    assert f["decisions"]["nccl_p2p_disable"] is True
+    assert f["decisions"]["vllm_disable_custom_all_reduce"] is True
+    assert f["decisions"]["pairs"]["0-1"] == {"p2p_usable": False, "reason": "the driver reports no peer access between them"}
+
+
+def test_rtx6000ada_with_working_p2p_keeps_it_but_sets_no_level_without_verification():
+    f = facts("2x_rtx6000ada_threadripper_p2pBandwidthLatencyTest_p2p_enabled")
+    assert {v["status"] for v in f["pairs"].values()} == {"ok"}
+    assert f["decisions"]["nccl_p2p_disable"] is False
+    assert f["decisions"]["nccl_p2p_level"] is None  # an imported report was not verified bit for bit
+    assert f["matrices"]["bidirectional_p2p_enabled"][0][1] == 52.11
+
+
+def test_a100_nvswitch_all_pairs_usable():
+    f = facts("8x_a100_sxm4_80gb_nvswitch_p2pBandwidthLatencyTest_distserve")
+    assert len(f["pairs"]) == 56
+    assert len(f["decisions"]["pairs"]) == 28
+    assert all(v["p2p_usable"] for v in f["decisions"]["pairs"].values())
+
+
+def test_nvbandwidth_waived_d2d_means_no_peer_access():
+    f = facts("nvbandwidth_2x_rtx2080ti_d2d_write_ce_waived_no_p2p")
+    assert {k: v["status"] for k, v in f["pairs"].items()} == {"0-1": "no_peer_access", "1-0": "no_peer_access"}
+    assert f["decisions"]["nccl_p2p_disable"] is True
+
+
+def test_nvbandwidth_d2d_matrix_means_p2p_works():
+    f = facts("nvbandwidth_readme_example_8gpu_d2d_read_ce_old_format_zero_diagonal")
+    assert len(f["pairs"]) == 56
+    assert f["decisions"]["nccl_p2p_disable"] is False
+
+
+def test_nvbandwidth_host_device_only_says_nothing_about_pairs():
+    f = facts("nvbandwidth_8x_rtx4090_h2d_d2h_ce_excerpt")
+    assert f["pairs"] == {}
+    assert f["decisions"]["pairs"] == {}
+    assert f["decisions"]["nccl_p2p_disable"] is False
+
+
+def test_measurement_facts_carry_matrices_limits_and_ratios():
+    ok = {
+        "can_access_peer": True,
+        "verified": True,
+        "verify_detail": "fine",
+        "unidirectional_p2p_enabled": 25.2,
+        "unidirectional_p2p_disabled": 20.0,
+    }
+    measured = {"devices": ["0000:01:00.0", "0000:02:00.0"], "pairs": {(0, 1): ok, (1, 0): ok}, "error": None}
+    links = {"0000:01:00.0": {"gen": 4, "width": 16}, "0000:02:00.0": {"gen": 4, "width": 8}}
+    f = from_measurement(measured, links)
+    assert f["matrices"]["unidirectional_p2p_enabled"] == [[None, 25.2], [25.2, None]]
+    assert f["pairs"]["0-1"]["pcie_limit_gbps"] == 15.8
+    assert f["pairs"]["0-1"]["ratio_to_limit"] == 1.59
+    assert f["decisions"]["nccl_p2p_level"] == "SYS"
+
+
+def test_one_bad_direction_makes_the_pair_unusable():
+    pairs = {"0-1": {"status": "ok"}, "1-0": {"status": "broken"}, "0-2": {"status": "ok"}, "2-0": {"status": "ok"}}
+    pairs |= {"1-2": {"status": "ok"}, "2-1": {"status": "ok"}}
+    d = decide(pairs, 3, verified=True)
+    assert d["pairs"]["0-1"]["p2p_usable"] is False
+    assert d["pairs"]["0-2"]["p2p_usable"] is True
+    assert d["nccl_p2p_disable"] is True
+    assert d["nccl_p2p_level"] is None
+    assert d["reasons"] == ["NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce: GPU0-GPU1 P2P copies lose or corrupt data"]
