@@ -17,7 +17,7 @@ COLLECTION_LINK := .collections/ansible_collections/gpubox/inference
 RUN_VENV = $(shell scripts/venv.sh run)
 TEST_VENV = $(shell scripts/venv.sh test)
 
-.PHONY: help setup provision test deps lint sanity unit molecule build clean
+.PHONY: help setup provision test deps lint sanity unit molecule bench build clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -55,6 +55,10 @@ unit: setup
 
 molecule: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" PY_COLORS=0 ANSIBLE_FORCE_COLOR=0 NO_COLOR=1 GPUBOX_TEST_IMAGE="$$(scripts/test-image.sh)" molecule test --all
+
+## Benchmarks print numbers (README: Benchmarks); they are not part of make test.
+bench: setup
+	PATH="$(TEST_VENV)/bin:$$PATH" python scripts/bench_p2p_facts.py
 
 build: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" ansible-galaxy collection build --force --output-path build/

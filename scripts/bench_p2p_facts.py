@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark gpu_p2p_facts' own cost: a full measurement of 2 and 8 GPUs, and a cached run.
 
 Runs the module through `ansible` against the stand-in libcuda (tests/unit/fakes/libcuda.c),
@@ -6,7 +5,7 @@ so the numbers are the harness (child processes, watchdog, ctypes, verification,
 plus this machine's memcpy, not GPU bandwidth. Targets from issue 4: cached well under 1 s,
 2 GPUs under about 15 s, 8 GPUs under 2 minutes. Prints numbers; asserts nothing.
 
-Usage: PATH=<test venv>/bin:$PATH scripts/bench_p2p_facts.py
+Usage: make bench
 """
 
 from __future__ import annotations
