@@ -30,8 +30,19 @@ options:
   src:
     description: A saved C(nvbandwidth) or C(p2pBandwidthLatencyTest) output to import instead of measuring.
     type: path
+  p2p_tool:
+    description:
+      - V(ctypes) measures and verifies through the CUDA driver API.
+      - V(nvbandwidth) runs NVIDIA's C(nvbandwidth) (device-to-device read, write and bidirectional copy-engine
+        tests) when it is on the PATH, and falls back to V(ctypes) with a warning when it is not. nvbandwidth does not
+        check the data, so pairs are not C(verified) in this mode and C(nccl_p2p_level) is not raised.
+    type: str
+    choices: [ctypes, nvbandwidth]
+    default: ctypes
   timeout:
-    description: Seconds one pair's measurement may take before it is reported as V(hang).
+    description:
+      - Seconds one pair's measurement may take before it is reported as V(hang). With O(p2p_tool=nvbandwidth), the
+        whole run may take this times the number of ordered pairs.
     type: float
     default: 60
   fingerprint:
@@ -101,6 +112,7 @@ ansible_facts:
 
 import json
 import os
+import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -115,6 +127,7 @@ def build_module() -> AnsibleModule:
     return AnsibleModule(
         argument_spec={
             "src": {"type": "path"},
+            "p2p_tool": {"type": "str", "choices": ["ctypes", "nvbandwidth"], "default": "ctypes"},
             "timeout": {"type": "float", "default": 60},
             "fingerprint": {"type": "str"},
             "force": {"type": "bool", "default": False},
@@ -170,6 +183,39 @@ def _validate(module: AnsibleModule) -> None:
             module.fail_json(msg=f"{option}={module.params[option]} must be at least {low}")
 
 
+NVBANDWIDTH_TESTS = (
+    "device_to_device_memcpy_read_ce",
+    "device_to_device_memcpy_write_ce",
+    "device_to_device_bidirectional_memcpy_read_ce",
+)
+
+
+def _nvbandwidth(module: AnsibleModule, binary: str) -> dict:
+    """Run nvbandwidth's device-to-device tests; a run that outlasts its budget is a hang of every pair."""
+    argv = [binary]
+    for test in NVBANDWIDTH_TESTS:
+        argv += ["-t", test]
+    try:  # the driver lists one folder per GPU; without it, allow for 8 GPUs
+        count = len(os.listdir("/proc/driver/nvidia/gpus")) or 8
+    except OSError:
+        count = 8
+    budget = module.params["timeout"] * max(count * (count - 1), 1)
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=budget, check=False, env={**os.environ, "LC_ALL": "C"}
+        )
+    except subprocess.TimeoutExpired:
+        return {"source": "nvbandwidth", "reason": f"nvbandwidth did not finish within {budget:.0f} s", "hang": True}
+    if proc.returncode != 0 and "Running" not in proc.stdout:
+        module.fail_json(
+            msg=f"'{' '.join(argv)}' failed with rc={proc.returncode}", rc=proc.returncode, stdout=proc.stdout, stderr=proc.stderr
+        )
+    try:
+        return from_report(parse_report(proc.stdout))
+    except BandwidthParseError as exc:
+        module.fail_json(msg=f"cannot read the output of nvbandwidth: {exc}", stdout=proc.stdout)
+
+
 def main() -> None:
     module = build_module()
     _validate(module)
@@ -180,7 +226,15 @@ def main() -> None:
             module.fail_json(msg=f"cannot read src={module.params['src']}: {exc}")
     elif (cached := _cached(module)) is not None:
         module.exit_json(changed=False, ansible_facts={"gpu_p2p": {**cached, "cached": True}})
+    elif module.params["p2p_tool"] == "nvbandwidth" and (binary := module.get_bin_path("nvbandwidth")):
+        facts = _nvbandwidth(module, binary)
+        if facts.pop("hang", False):
+            facts.update(gpus=None, pairs={}, decisions=decide({}, 0, verified=False))
+            facts["decisions"].update(nccl_p2p_disable=True, vllm_disable_custom_all_reduce=True)
+            facts["decisions"]["reasons"].append(f"NCCL_P2P_DISABLE=1: {facts['reason']}")
     else:
+        if module.params["p2p_tool"] == "nvbandwidth":
+            module.warn("p2p_tool=nvbandwidth, but nvbandwidth is not on the PATH; measuring with ctypes instead")
         settings = {**default_settings(), "bandwidth_bytes": module.params["bandwidth_mib"] * MIB}
         settings["repetitions"] = module.params["repetitions"]
         measured = measure(library_path(module.params["libcuda"]), settings, module.params["timeout"])

@@ -88,3 +88,37 @@ def test_bad_option_value_is_refused():
     result = run_module("gpu_p2p_facts", {"repetitions": 0})
     assert result["failed"] is True
     assert result["msg"] == "repetitions=0 must be at least 1"
+
+
+def _stand_in_nvbandwidth(folder: Path, body: str, log: Path) -> Path:
+    folder.mkdir()
+    script = folder / "nvbandwidth"
+    (folder / "out.txt").write_text(body)
+    script.write_text(f'#!/bin/sh\necho "$*" >> {log}\ncat {folder / "out.txt"}\n')
+    script.chmod(0o755)
+    return folder
+
+
+def test_nvbandwidth_runs_the_three_device_to_device_tests(tmp_path: Path, monkeypatch):
+    capture = FIXTURES / "D_p2p_bandwidth" / "nvbandwidth_readme_example_8gpu_d2d_read_ce_old_format_zero_diagonal.txt"
+    log = tmp_path / "calls.log"
+    folder = _stand_in_nvbandwidth(tmp_path / "bin", parse_capture(capture).text, log)
+    facts = p2p(run_module("gpu_p2p_facts", {"p2p_tool": "nvbandwidth", "cache_path": str(tmp_path / "c")}, path_prefix=folder))
+    assert log.read_text().split() == [
+        "-t",
+        "device_to_device_memcpy_read_ce",
+        "-t",
+        "device_to_device_memcpy_write_ce",
+        "-t",
+        "device_to_device_bidirectional_memcpy_read_ce",
+    ]
+    assert facts["source"] == "nvbandwidth"
+    assert facts["gpus"] == 8
+    assert facts["decisions"]["nccl_p2p_level"] is None
+
+
+def test_nvbandwidth_missing_falls_back_to_ctypes(tmp_path: Path, driver):
+    driver(devices=2)
+    result = run_module("gpu_p2p_facts", {**FAST, "p2p_tool": "nvbandwidth", "cache_path": str(tmp_path / "c")})
+    assert p2p(result)["source"] == "measured"
+    assert "nvbandwidth is not on the PATH" in " ".join(result["warnings"])
