@@ -1,0 +1,42 @@
+# Copyright (c) gpubox.inference contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Private: merge settings into Docker's daemon.json without dropping what others put there.
+
+Pure functions, text in and data out, no Ansible imports.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class DaemonJsonError(ValueError):
+    """The existing daemon.json is not a JSON object."""
+
+
+def parse(text: str | None) -> dict:
+    """The current settings; an absent or empty file is ``{}``."""
+    if text is None or not text.strip():
+        return {}
+    try:
+        current = json.loads(text)
+    except ValueError as exc:
+        raise DaemonJsonError(f"it is not valid JSON ({exc})") from exc
+    if not isinstance(current, dict):
+        raise DaemonJsonError(f"it holds a JSON {type(current).__name__}, not an object")
+    return current
+
+
+def merge(current: dict, settings: dict) -> dict:
+    """``settings`` laid over ``current``, recursing into objects; keys nobody asked about stay."""
+    merged = dict(current)
+    for key, value in settings.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def render(settings: dict) -> str:
+    return json.dumps(settings, indent=2, sort_keys=True) + "\n"
