@@ -1,0 +1,133 @@
+"""What a converged Debian 12 GPU box (without a GPU) must look like, checked with testinfra."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+PROJECT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+
+
+# ------------------------------------------------------------ the whole play
+
+
+def test_check_mode_on_the_converged_host_reports_no_change():
+    """`--check --diff` must predict no change on a converged host; a role whose check mode lies fails this."""
+    run = subprocess.run(
+        [
+            "ansible-playbook",
+            "--inventory",
+            os.environ["MOLECULE_INVENTORY_FILE"],
+            "--check",
+            "--diff",
+            str(PROJECT / "site.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1"},
+    )
+    recap = re.search(r"gpubox-debian12\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", run.stdout)
+    assert recap, run.stdout[-3000:] + run.stderr[-2000:]
+    assert int(recap.group(1)) > 0
+    assert recap.group(2, 3, 4) == ("0", "0", "0"), run.stdout[-3000:]
+
+
+# ------------------------------------------------------------ base
+
+
+def test_base_packages(host):
+    for name in ("pciutils", "ca-certificates", "python3-apt"):
+        assert host.package(name).is_installed, name
+    assert host.run("lspci -n").rc == 0
+
+
+def test_state_dir_and_local_fact(host):
+    state = host.file("/var/lib/gpubox")
+    assert state.is_directory
+    assert (state.user, state.mode) == ("root", 0o755)
+    fact = json.loads(host.file("/etc/ansible/facts.d/gpubox.fact").content_string)
+    assert fact == {"collection_version": "0.1.0", "state_dir": "/var/lib/gpubox"}
+
+
+# ------------------------------------------------------------ preflight
+
+
+def test_preflight_report_on_the_controller_says_there_is_no_gpu(host):
+    name = host.backend.get_hostname()
+    folder = PROJECT / "playbooks" / "preflight-reports" / name
+    assert "No NVIDIA GPU found on this host" in (folder / "preflight.md").read_text()
+    assert not (folder / "preflight.svg").exists()
+
+
+# ------------------------------------------------------------ docker_engine
+
+
+def test_docker_comes_from_the_signed_repository(host):
+    for name in ("docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"):
+        assert host.package(name).is_installed, name
+    key = host.file("/etc/apt/keyrings/docker.asc")
+    assert key.content_string.startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
+    assert (key.user, key.mode) == ("root", 0o644)
+    assert host.file("/etc/apt/sources.list.d/docker.list").content_string == (
+        "deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] http://127.0.0.1:8080/docker/debian bookworm stable\n"
+    )
+
+
+def test_docker_runs_with_compose_v2(host):
+    docker = host.service("docker")
+    assert docker.is_running
+    assert docker.is_enabled
+    assert host.check_output("docker compose version --short").startswith("2.")
+    assert host.run("docker info").rc == 0
+
+
+def test_daemon_json_was_merged_not_overwritten(host):
+    daemon = json.loads(host.file("/etc/docker/daemon.json").content_string)
+    assert daemon["log-level"] == "warn", "the setting put there before the roles ran is gone"
+    assert daemon["log-driver"] == "local"
+    assert daemon["log-opts"] == {"max-size": "20m"}
+    assert daemon["runtimes"]["nvidia"] == {"path": "nvidia-container-runtime", "args": []}
+    assert "default-runtime" not in daemon
+
+
+def test_docker_was_restarted_after_daemon_json_changed(host):
+    """The handler ran: the running daemon started after the file's last change, so it uses it."""
+    changed = int(host.check_output("stat -c %Y /etc/docker/daemon.json"))
+    started_us = int(host.check_output("systemctl show docker -p ActiveEnterTimestamp --value --timestamp=unix").lstrip("@"))
+    assert started_us >= changed
+    assert host.check_output("docker info --format '{{ .LoggingDriver }}'") == "local"
+
+
+# ------------------------------------------------------------ nvidia_container_toolkit
+
+
+def test_toolkit_is_pinned_below_the_newest_version(host):
+    for name in (
+        "nvidia-container-toolkit",
+        "nvidia-container-toolkit-base",
+        "libnvidia-container-tools",
+        "libnvidia-container1",
+    ):
+        package = host.package(name)
+        assert package.is_installed, name
+        assert package.version == "1.17.8-1", name
+    assert "1.18.0-1" in host.check_output("apt-cache policy nvidia-container-toolkit")
+
+
+def test_nvidia_key_is_dearmoured_and_the_source_signed_by_it(host):
+    keyring = host.file("/etc/apt/keyrings/nvidia-container-toolkit-keyring.gpg")
+    assert keyring.exists
+    assert not keyring.content.startswith(b"-----BEGIN"), "the keyring must be binary (dearmoured)"
+    assert host.file("/etc/apt/sources.list.d/nvidia-container-toolkit.list").content_string == (
+        "deb [signed-by=/etc/apt/keyrings/nvidia-container-toolkit-keyring.gpg] "
+        "http://127.0.0.1:8080/nvidia/stable/deb/$(ARCH) /\n"
+    )
+
+
+def test_without_a_gpu_no_cdi_spec_is_generated(host):
+    assert host.file("/usr/bin/nvidia-ctk").exists
+    assert not host.file("/etc/cdi/nvidia.yaml").exists
