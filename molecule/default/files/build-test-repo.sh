@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Build the signed apt repositories the docker_engine and nvidia_container_toolkit
 # roles install from in the tests, since Docker's and NVIDIA's cannot be reached here.
 # Runs on the test host; serves nothing itself (gpubox-test-repo.service does).
