@@ -1,0 +1,202 @@
+# Copyright (c) gpubox.inference contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Private: the vLLM deployment plan, every setting the user's choice or derived from measured facts.
+
+Pure functions, data in and data out, no Ansible imports. ``plan`` takes the
+user's settings, the facts gathered on the host (the preflight result, the GPU
+and P2P facts) and the model's ``config.json``, and returns the validation
+errors, the server arguments, the environment, one reason per derived setting,
+and a KV-cache estimate. The vllm role renders what it returns.
+"""
+
+from __future__ import annotations
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "auto": 2}
+
+
+def _gpu_count(facts: dict) -> int:
+    gpu = facts.get("gpu") or {}
+    if gpu.get("present"):
+        return int(gpu.get("count") or 0)
+    return int((facts.get("preflight") or {}).get("gpu_count") or 0)
+
+
+def validate(settings: dict, facts: dict, model_config: dict | None, tp: int) -> list[str]:
+    """One message per broken rule, naming the variable, the value and the rule."""
+    errors = []
+    gpus = _gpu_count(facts)
+    if settings["device"] == "cuda":
+        if tp < 1:
+            errors.append(f"vllm_tensor_parallel_size={tp} must be at least 1")
+        elif gpus and tp * settings["pipeline_parallel_size"] > gpus:
+            errors.append(
+                f"vllm_tensor_parallel_size={tp} x vllm_pipeline_parallel_size={settings['pipeline_parallel_size']} "
+                f"must be at most the {gpus} GPUs on this host"
+            )
+    heads = (model_config or {}).get("num_attention_heads")
+    if heads and tp >= 1 and heads % tp:
+        errors.append(f"vllm_tensor_parallel_size={tp} must divide the model's {heads} attention heads")
+    utilization = settings["gpu_memory_utilization"]
+    if not 0 < utilization <= 1:
+        errors.append(f"vllm_gpu_memory_utilization={utilization} must be in (0, 1]")
+    max_len = settings["max_model_len"]
+    context = (model_config or {}).get("max_position_embeddings")
+    if max_len < 0:
+        errors.append(f"vllm_max_model_len={max_len} must be positive (or 0 for the model's own)")
+    elif context and max_len > context:
+        errors.append(f"vllm_max_model_len={max_len} must fit the model's context of {context} tokens")
+    if settings["model"].startswith("/") and not settings.get("model_exists"):
+        errors.append(f"vllm_model={settings['model']!r} is a path that does not exist on the host")
+    if not settings["model"]:
+        errors.append("vllm_model must name a Hugging Face model id or an absolute path on the host")
+    return errors
+
+
+def kv_cache_estimate(settings: dict, facts: dict, model_config: dict | None, tp: int, weights_bytes: int | None) -> dict | None:
+    """Tokens of KV cache that fit per GPU after the weights, and concurrent sequences at max_model_len."""
+    config = model_config or {}
+    gpu = facts.get("gpu") or {}
+    devices = gpu.get("devices") or []
+    if not config or not devices or settings["device"] != "cuda":
+        return None
+    layers = config.get("num_hidden_layers")
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    hidden = config.get("hidden_size")
+    if not (layers and heads and hidden):
+        return None
+    head_dim = config.get("head_dim") or hidden // heads
+    dtype = (
+        settings["dtype"] if settings["dtype"] != "auto" else str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+    )
+    width = DTYPE_BYTES.get(dtype, 2)
+    if settings.get("kv_cache_dtype", "auto").startswith("fp8"):
+        width = 1
+    kv_heads_per_gpu = max(kv_heads // tp, 1)
+    per_token = 2 * layers * kv_heads_per_gpu * head_dim * width
+    if weights_bytes is None:
+        vocab = config.get("vocab_size") or 32000
+        intermediate = config.get("intermediate_size") or 4 * hidden
+        params = layers * (4 * hidden * hidden + 3 * hidden * intermediate) + 2 * vocab * hidden
+        weights_bytes = params * DTYPE_BYTES.get(dtype, 2)
+    memory = min(d.get("memory_total_mib") or 0 for d in devices[: max(tp, 1)]) * 1024 * 1024
+    free = memory * settings["gpu_memory_utilization"] - weights_bytes / tp - 1.5 * 1024**3  # activations, CUDA graphs
+    tokens = max(int(free // per_token), 0)
+    max_len = settings["max_model_len"] or config.get("max_position_embeddings") or 0
+    sequences = tokens // max_len if max_len else None
+    return {
+        "bytes_per_token_per_gpu": per_token,
+        "weights_gib_per_gpu": round(weights_bytes / tp / 1024**3, 2),
+        "kv_cache_tokens": tokens,
+        "max_model_len": max_len,
+        "concurrent_sequences": sequences,
+    }
+
+
+def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_bytes: int | None = None) -> dict:
+    """Everything the vllm role renders: arguments, environment, reasons, errors, warnings, estimate."""
+    preflight = facts.get("preflight") or {}
+    p2p = (facts.get("gpu_p2p") or {}).get("decisions") or {}
+    topology = facts.get("topology") or {}
+    reasons: dict[str, str] = {}
+    env: dict[str, str] = {}
+
+    tp = settings["tensor_parallel_size"]
+    if settings["device"] == "cpu":
+        tp = tp or 1
+        reasons["--tensor-parallel-size"] = f"{tp}: the CPU backend" if not settings["tensor_parallel_size"] else "your choice"
+    elif not tp:
+        group = preflight.get("group") or []
+        tp = len(group) or _gpu_count(facts) or 1
+        source = "the GPUs the preflight allows" if group else "the GPUs on this host"
+        reasons["--tensor-parallel-size"] = f"{tp}: {source}"
+    else:
+        reasons["--tensor-parallel-size"] = "your choice"
+
+    if settings["device"] == "cuda":
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        reasons["CUDA_DEVICE_ORDER"] = "GPU numbers follow the PCI bus, as nvidia-smi and the preflight count them"
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        reasons["VLLM_WORKER_MULTIPROC_METHOD"] = "tensor-parallel workers must not fork a process that holds CUDA"
+        disable = []
+        if p2p.get("nccl_p2p_disable"):
+            disable += [r for r in p2p.get("reasons", []) if r.startswith("NCCL_P2P_DISABLE")] or ["the P2P measurement"]
+        if (preflight.get("decisions") or {}).get("nccl_p2p_disable"):
+            disable += preflight["decisions"].get("reasons", [])[:1]
+        if disable and tp > 1:
+            env["NCCL_P2P_DISABLE"] = "1"
+            reasons["NCCL_P2P_DISABLE"] = disable[0].split(" because ", 1)[-1].split(": ", 1)[-1]
+            reasons["--disable-custom-all-reduce"] = reasons["NCCL_P2P_DISABLE"]
+        elif p2p.get("nccl_p2p_level") and tp > 1:
+            env["NCCL_P2P_LEVEL"] = p2p["nccl_p2p_level"]
+            reasons["NCCL_P2P_LEVEL"] = "every GPU pair's P2P was measured, verified and faster than staging"
+        nics = [n for n in topology.get("nics", []) if (n.get("device") or "").startswith(("mlx", "ib", "roce", "bnxt_re"))]
+        if not nics:
+            env["NCCL_IB_DISABLE"] = "1"
+            reasons["NCCL_IB_DISABLE"] = "no InfiniBand or RoCE NIC in the topology; NCCL stops probing for one"
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("cpu_kvcache_gib") or 1)
+        reasons["VLLM_CPU_KVCACHE_SPACE"] = "GiB of KV cache for the CPU backend"
+
+    for key, value in (settings.get("env") or {}).items():
+        env[key] = str(value)
+        reasons[key] = "your choice (vllm_env)"
+
+    custom_all_reduce = settings.get("disable_custom_all_reduce", "auto")
+    disable_car = "--disable-custom-all-reduce" in reasons if custom_all_reduce == "auto" else bool(custom_all_reduce)
+    if custom_all_reduce != "auto":
+        reasons["--disable-custom-all-reduce"] = "your choice"
+    if not disable_car:
+        reasons.pop("--disable-custom-all-reduce", None)
+
+    args = ["--model", settings["container_model"], "--served-model-name", settings["served_model_name"]]
+    args += ["--host", "0.0.0.0", "--port", "8000"]
+    if settings["device"] == "cuda" or tp > 1:
+        args += ["--tensor-parallel-size", str(tp)]
+    if settings["pipeline_parallel_size"] > 1:
+        args += ["--pipeline-parallel-size", str(settings["pipeline_parallel_size"])]
+    if settings["device"] == "cuda":
+        args += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
+    else:
+        args += ["--distributed-executor-backend", "uni"]
+    for flag, key in (
+        ("--max-model-len", "max_model_len"),
+        ("--max-num-batched-tokens", "max_num_batched_tokens"),
+        ("--swap-space", "swap_space"),
+    ):
+        if settings.get(key):
+            args += [flag, str(settings[key])]
+    if settings.get("dtype") and settings["dtype"] != "auto":
+        args += ["--dtype", settings["dtype"]]
+    if settings.get("quantization"):
+        args += ["--quantization", settings["quantization"]]
+    for flag, key in (
+        ("--enable-chunked-prefill", "enable_chunked_prefill"),
+        ("--enable-prefix-caching", "enable_prefix_caching"),
+        ("--enforce-eager", "enforce_eager"),
+    ):
+        if settings.get(key):
+            args.append(flag)
+    if disable_car:
+        args.append("--disable-custom-all-reduce")
+    args += [str(a) for a in settings.get("extra_args") or []]
+
+    errors = validate(settings, facts, model_config, tp)
+    estimate = None if errors else kv_cache_estimate(settings, facts, model_config, tp, weights_bytes)
+    warnings = []
+    if estimate and estimate["concurrent_sequences"] is not None:
+        if estimate["concurrent_sequences"] < settings.get("min_concurrent_sequences", 1):
+            warnings.append(
+                f"vllm_max_model_len={estimate['max_model_len']} leaves KV cache for about "
+                f"{estimate['concurrent_sequences']} concurrent sequences (fewer than "
+                f"vllm_min_concurrent_sequences={settings['min_concurrent_sequences']}); lower it or add GPUs"
+            )
+    return {
+        "tensor_parallel_size": tp,
+        "args": args,
+        "env": env,
+        "reasons": reasons,
+        "errors": errors,
+        "warnings": warnings,
+        "kv_cache": estimate,
+    }
