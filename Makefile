@@ -34,11 +34,12 @@ provision: setup
 test: deps lint sanity unit molecule
 	@echo "make test: all gates passed"
 
-## Host tools, Docker engine + Compose v2, the Molecule test image, the test venv.
+## Host tools, Docker engine + Compose v2, the Molecule and vLLM test images, the test venv.
 deps: setup
 	scripts/host-tools.sh
 	scripts/docker-engine.sh
 	scripts/test-image.sh >/dev/null
+	scripts/vllm-test-image.sh >/dev/null
 	@echo "test venv: $(TEST_VENV)"
 
 lint: setup

@@ -184,13 +184,13 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     errors = validate(settings, facts, model_config, tp)
     estimate = None if errors else kv_cache_estimate(settings, facts, model_config, tp, weights_bytes)
     warnings = []
-    if estimate and estimate["concurrent_sequences"] is not None:
-        if estimate["concurrent_sequences"] < settings.get("min_concurrent_sequences", 1):
-            warnings.append(
-                f"vllm_max_model_len={estimate['max_model_len']} leaves KV cache for about "
-                f"{estimate['concurrent_sequences']} concurrent sequences (fewer than "
-                f"vllm_min_concurrent_sequences={settings['min_concurrent_sequences']}); lower it or add GPUs"
-            )
+    sequences = (estimate or {}).get("concurrent_sequences")
+    if sequences is not None and sequences < settings.get("min_concurrent_sequences", 1):
+        warnings.append(
+            f"vllm_max_model_len={estimate['max_model_len']} leaves KV cache for about {sequences} concurrent "
+            f"sequences (fewer than vllm_min_concurrent_sequences={settings['min_concurrent_sequences']}); "
+            "lower it or add GPUs"
+        )
     return {
         "tensor_parallel_size": tp,
         "args": args,

@@ -1,0 +1,175 @@
+"""The vllm role end to end: a real vLLM (CPU build, tiny local model) deployed by the role through Docker Compose
+on this machine, then streamed from with the official openai client. No mock server.
+
+Needs Docker and the image from scripts/vllm-test-image.sh (`make deps` builds both).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+from conftest import ROOT, run_ansible
+
+PORT = 18123
+KEY = "test-secret-key-5f2c"
+PROJECT = "gpubox-test-vllm"
+
+
+def docker(*argv: str) -> str:
+    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    name = subprocess.run([ROOT / "scripts" / "vllm-test-image.sh", "--name"], capture_output=True, text=True, check=True)
+    name = name.stdout.strip()
+    if subprocess.run(["docker", "image", "inspect", name], capture_output=True, check=False).returncode:
+        pytest.fail(f"image {name} is missing: run `make deps` (scripts/vllm-test-image.sh) first")
+    return name
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, image) -> Path:
+    """A host folder with the tiny model copied out of the image, as a user's local model would be."""
+    work = tmp_path_factory.mktemp("vllm")
+    container = docker("create", image)
+    try:
+        docker("cp", f"{container}:/models/tiny-chat", str(work / "tiny-chat"))
+    finally:
+        docker("rm", container)
+    yield work
+    subprocess.run(["docker", "compose", "--project-name", PROJECT, "down", "--timeout", "5"], capture_output=True, check=False)
+
+
+def role_vars(work: Path, image: str, **extra) -> dict:
+    repo, tag = image.split(":")
+    return {
+        "ansible_python_interpreter": sys.executable,
+        "vllm_model": str(work / "tiny-chat"),
+        "vllm_served_model_name": "tiny",
+        "vllm_device": "cpu",
+        "vllm_image": repo,
+        "vllm_image_tag": tag,
+        "vllm_project_dir": str(work / "project"),
+        "vllm_project_name": PROJECT,
+        "vllm_port": PORT,
+        "vllm_hf_cache_dir": str(work / "hf"),
+        "vllm_cache_dir": str(work / "vllm-cache"),
+        "vllm_max_model_len": 512,
+        "vllm_dtype": "bfloat16",
+        "vllm_enforce_eager": True,
+        "vllm_api_key": KEY,
+        "vllm_wait_timeout": 300,
+        **extra,
+    }
+
+
+def run_role(work: Path, variables: dict) -> subprocess.CompletedProcess:
+    playbook = work / "play.yml"
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["gpubox.inference.vllm"]}]))
+    extra = work / "vars.json"
+    extra.write_text(json.dumps(variables))
+    return run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{extra}", str(playbook))
+
+
+@pytest.fixture(scope="module")
+def deployed(workdir, image):
+    result = run_role(workdir, role_vars(workdir, image))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return result
+
+
+def client() -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key=KEY)
+
+
+def stream_text(prompt: str) -> tuple[list[str], str | None]:
+    pieces, finish = [], None
+    stream = client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0, stream=True
+    )
+    for chunk in stream:
+        choice = chunk.choices[0]
+        if choice.delta.content:
+            pieces.append(choice.delta.content)
+        finish = choice.finish_reason or finish
+    return pieces, finish
+
+
+def test_bad_settings_are_refused_before_anything_changes(workdir, image):
+    work = workdir / "refused"
+    work.mkdir()
+    variables = role_vars(workdir, image, vllm_tensor_parallel_size=3, vllm_project_dir=str(work / "project"))
+    result = run_role(work, {**variables, "vllm_gpu_memory_utilization": 1.5})
+    out = result.stdout + result.stderr
+    assert result.returncode == 2
+    assert "vllm_tensor_parallel_size=3 must divide the model's 2 attention heads" in out
+    assert "vllm_gpu_memory_utilization=1.5 must be in (0, 1]" in out
+    assert not (work / "project").exists()
+
+
+def test_the_role_deploys_a_server_that_streams(deployed, workdir):
+    assert KEY not in deployed.stdout + deployed.stderr, "the API key leaked into the output"
+    pieces, finish = stream_text("hello")
+    assert len(pieces) >= 2, pieces
+    assert finish == "length"
+
+
+def test_output_is_deterministic_at_temperature_zero(deployed):
+    # Chunk boundaries may differ between runs; the text may not.
+    first, second = ("".join(stream_text("tell me about gpus")[0]) for _run in range(2))
+    assert first
+    assert first == second
+
+
+def test_stream_ends_with_done_event(deployed):
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{PORT}/v1/chat/completions",
+        data=json.dumps(
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0, "stream": True}
+        ).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        events = [line for line in response.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert len(events) >= 3
+
+
+def test_the_key_is_required(deployed):
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="wrong").models.list()
+
+
+def test_compose_project_is_loopback_only_and_explains_itself(deployed, workdir):
+    compose = (workdir / "project" / "compose.yaml").read_text()
+    assert f'ports: ["127.0.0.1:{PORT}:8000"]' in compose
+    assert "#   --tensor-parallel-size: 1: the CPU backend" in compose
+    assert KEY not in compose
+    env_file = workdir / "project" / "vllm.env"
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    published = docker("port", f"{PROJECT}-vllm-1", "8000")
+    assert published.splitlines() == [f"127.0.0.1:{PORT}"]
+
+
+def test_second_converge_changes_nothing_and_keeps_the_container(deployed, workdir, image):
+    started = docker("inspect", "-f", "{{.State.StartedAt}}", f"{PROJECT}-vllm-1")
+    again = run_role(workdir, role_vars(workdir, image))
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "changed=0" in again.stdout, again.stdout[-3000:]
+    assert docker("inspect", "-f", "{{.State.StartedAt}}", f"{PROJECT}-vllm-1") == started
+
+
+def test_models_endpoint_without_key_is_refused(deployed):
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://127.0.0.1:{PORT}/v1/models", timeout=10)
+    assert refused.value.code == 401
