@@ -173,3 +173,29 @@ def test_models_endpoint_without_key_is_refused(deployed):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(f"http://127.0.0.1:{PORT}/v1/models", timeout=10)
     assert refused.value.code == 401
+
+
+def test_a_server_that_does_not_come_up_fails_with_its_log(workdir, image):
+    work = workdir / "broken"
+    work.mkdir()
+    variables = role_vars(
+        workdir,
+        image,
+        vllm_project_dir=str(work / "project"),
+        vllm_project_name="gpubox-test-vllm-broken",
+        vllm_port=PORT + 1,
+        vllm_extra_args=["--no-such-flag"],
+        vllm_wait_timeout=20,
+    )
+    try:
+        result = run_role(work, variables)
+        out = result.stdout + result.stderr
+        assert result.returncode == 2
+        assert f"vLLM did not answer on 127.0.0.1:{PORT + 1}/v1/models; its last log lines:" in out
+        assert "--no-such-flag" in out.split("its last log lines:", 1)[1]
+    finally:
+        subprocess.run(
+            ["docker", "compose", "--project-name", "gpubox-test-vllm-broken", "down", "--timeout", "1"],
+            capture_output=True,
+            check=False,
+        )
