@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Debian packages that `make test` uses on the machine running the tests:
-# ShellCheck for ansible-test sanity, debootstrap for the Molecule test image, git.
+# ShellCheck for ansible-test sanity, debootstrap for the Molecule test image, git, and
+# Nginx and OpenSSL for the proxy tests (a real Nginx runs the rendered site).
 # Installs only what is missing.
 set -euo pipefail
 
 missing=()
-for pair in shellcheck:shellcheck debootstrap:debootstrap git:git; do
+for pair in shellcheck:shellcheck debootstrap:debootstrap git:git nginx:nginx openssl:openssl; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if [ "${#missing[@]}" -gt 0 ]; then

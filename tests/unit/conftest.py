@@ -122,3 +122,19 @@ def fake_libcuda(tmp_path_factory) -> Path:
     from hardware import build_fake_libcuda
 
     return build_fake_libcuda(tmp_path_factory.mktemp("libcuda"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """Deploy the real vLLM once per test run with the vllm role; torn down at the end."""
+    from vllm_server import PROJECT, copy_model_out, image_name, role_vars, run_role
+
+    image = image_name()
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True, check=False).returncode:
+        pytest.fail(f"image {image} is missing: run `make deps` (scripts/vllm-test-image.sh) first")
+    work = tmp_path_factory.mktemp("vllm")
+    copy_model_out(image, work)
+    result = run_role(work, role_vars(work, image))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    yield {"image": image, "workdir": work, "result": result}
+    subprocess.run(["docker", "compose", "--project-name", PROJECT, "down", "--timeout", "5"], capture_output=True, check=False)

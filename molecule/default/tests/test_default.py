@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -131,3 +132,44 @@ def test_nvidia_key_is_dearmoured_and_the_source_signed_by_it(host):
 def test_without_a_gpu_no_cdi_spec_is_generated(host):
     assert host.file("/usr/bin/nvidia-ctk").exists
     assert not host.file("/etc/cdi/nvidia.yaml").exists
+
+
+# ------------------------------------------------------------ nginx_proxy
+
+
+def test_nginx_config_checks_and_listens(host):
+    assert host.run("nginx -t").rc == 0
+    assert host.service("nginx").is_running
+    assert host.service("nginx").is_enabled
+    assert host.socket("tcp://0.0.0.0:80").is_listening
+    assert not host.file("/etc/nginx/sites-enabled/default").exists
+    site = host.file("/etc/nginx/conf.d/gpubox-openai.conf")
+    assert (site.user, site.mode) == ("root", 0o640)
+
+
+FETCH = """
+import json, sys, urllib.error, urllib.request
+request = urllib.request.Request("http://127.0.0.1/v1/models", headers=json.loads(sys.argv[1]))
+try:
+    response = urllib.request.urlopen(request, timeout=10)
+except urllib.error.HTTPError as error:
+    response = error
+print(json.dumps({"status": response.status, "headers": dict(response.headers), "body": response.read().decode()}))
+"""
+
+
+def fetch(host, headers: dict) -> dict:
+    """GET /v1/models through the proxy, from the test host itself (it has Python, not curl)."""
+    return json.loads(host.check_output(f"python3 -c {shlex.quote(FETCH)} {shlex.quote(json.dumps(headers))}"))
+
+
+def test_nginx_answers_json_and_hides_its_version(host):
+    no_key = fetch(host, {})
+    assert no_key["status"] == 401
+    assert no_key["headers"]["Server"] == "nginx"
+    assert json.loads(no_key["body"])["error"]["code"] == "invalid_api_key"
+    # No vLLM on the test host: the proxy says so in JSON, not an HTML page.
+    no_upstream = fetch(host, {"Authorization": "Bearer molecule-key-0123456789abcdef"})
+    assert no_upstream["status"] == 502
+    assert no_upstream["headers"]["Content-Type"] == "application/json"
+    assert json.loads(no_upstream["body"])["error"]["code"] == "bad_gateway"

@@ -8,83 +8,28 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
-import yaml
-from conftest import ROOT, run_ansible
-
-PORT = 18123
-KEY = "test-secret-key-5f2c"
-PROJECT = "gpubox-test-vllm"
-
-
-def docker(*argv: str) -> str:
-    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=True).stdout.strip()
+from vllm_server import KEY, PORT, PROJECT, docker, role_vars, run_role
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
-    name = subprocess.run([ROOT / "scripts" / "vllm-test-image.sh", "--name"], capture_output=True, text=True, check=True)
-    name = name.stdout.strip()
-    if subprocess.run(["docker", "image", "inspect", name], capture_output=True, check=False).returncode:
-        pytest.fail(f"image {name} is missing: run `make deps` (scripts/vllm-test-image.sh) first")
-    return name
+def image(vllm_server) -> str:
+    return vllm_server["image"]
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, image) -> Path:
-    """A host folder with the tiny model copied out of the image, as a user's local model would be."""
-    work = tmp_path_factory.mktemp("vllm")
-    container = docker("create", image)
-    try:
-        docker("cp", f"{container}:/models/tiny-chat", str(work / "tiny-chat"))
-    finally:
-        docker("rm", container)
-    yield work
-    subprocess.run(["docker", "compose", "--project-name", PROJECT, "down", "--timeout", "5"], capture_output=True, check=False)
-
-
-def role_vars(work: Path, image: str, **extra) -> dict:
-    repo, tag = image.split(":")
-    return {
-        "ansible_python_interpreter": sys.executable,
-        "vllm_model": str(work / "tiny-chat"),
-        "vllm_served_model_name": "tiny",
-        "vllm_device": "cpu",
-        "vllm_image": repo,
-        "vllm_image_tag": tag,
-        "vllm_project_dir": str(work / "project"),
-        "vllm_project_name": PROJECT,
-        "vllm_port": PORT,
-        "vllm_hf_cache_dir": str(work / "hf"),
-        "vllm_cache_dir": str(work / "vllm-cache"),
-        "vllm_max_model_len": 512,
-        "vllm_dtype": "bfloat16",
-        "vllm_enforce_eager": True,
-        "vllm_api_key": KEY,
-        "vllm_wait_timeout": 300,
-        **extra,
-    }
-
-
-def run_role(work: Path, variables: dict) -> subprocess.CompletedProcess:
-    playbook = work / "play.yml"
-    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["gpubox.inference.vllm"]}]))
-    extra = work / "vars.json"
-    extra.write_text(json.dumps(variables))
-    return run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{extra}", str(playbook))
+def workdir(vllm_server) -> Path:
+    return vllm_server["workdir"]
 
 
 @pytest.fixture(scope="module")
-def deployed(workdir, image):
-    result = run_role(workdir, role_vars(workdir, image))
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    return result
+def deployed(vllm_server):
+    return vllm_server["result"]
 
 
 def client() -> openai.OpenAI:

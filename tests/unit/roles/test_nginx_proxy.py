@@ -1,0 +1,296 @@
+"""The nginx_proxy role's site in a real Nginx, in front of the real vLLM that the vllm role deploys.
+
+The site is rendered by the role itself (tasks_from render.yml), then run by this
+machine's Nginx with a minimal nginx.conf around it; Molecule covers installing and
+reloading it as a service.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_ansible
+from vllm_server import KEY as VLLM_KEY
+from vllm_server import PORT as VLLM_PORT
+from vllm_server import metric
+
+CLIENT_KEY = "client-key-0123456789abcdef"
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "temperature": 0, "stream": True}
+
+
+def render_site(work: Path, **variables) -> Path:
+    site = work / "site.conf"
+    playbook = work / "render.yml"
+    task = {"ansible.builtin.include_role": {"name": "gpubox.inference.nginx_proxy", "tasks_from": "render.yml"}}
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [task]}]))
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "nginx_proxy_site_path": str(site),
+        "nginx_proxy_log_dir": str(work),
+        "nginx_proxy_upstreams": [f"127.0.0.1:{VLLM_PORT}"],
+        "nginx_proxy_upstream_api_key": VLLM_KEY,
+        "nginx_proxy_api_keys": [{"name": "tests", "key": CLIENT_KEY}],
+        "nginx_proxy_listen_ipv6": False,
+        **variables,
+    }
+    (work / "vars.json").write_text(json.dumps(extra))
+    result = run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{work / 'vars.json'}", str(playbook))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert CLIENT_KEY not in result.stdout + result.stderr
+    return site
+
+
+@contextmanager
+def nginx(work: Path, **variables):
+    """Run a real Nginx with the role's site; yields the site's text."""
+    site = render_site(work, **variables)
+    conf = work / "nginx.conf"
+    conf.write_text(
+        f"worker_processes 2;\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
+        f"events {{ worker_connections 4096; }}\n"
+        f"http {{\n  client_body_temp_path {work}/body;\n  proxy_temp_path {work}/proxy;\n"
+        f"  access_log off;\n  include {site};\n}}\n"
+    )
+    test = subprocess.run([shutil.which("nginx"), "-t", "-c", str(conf)], capture_output=True, text=True, check=False)
+    assert test.returncode == 0, test.stderr
+    process = subprocess.Popen([shutil.which("nginx"), "-c", str(conf)], stderr=subprocess.PIPE)
+    try:
+        port = variables.get("nginx_proxy_https_port") if variables.get("nginx_proxy_tls") else variables["nginx_proxy_http_port"]
+        for _try in range(50):
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield site.read_text()
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def post(port: int, body: dict, key: str | None = CLIENT_KEY, tls: bool = False) -> http.client.HTTPResponse:
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=120, context=context)
+    else:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    connection.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
+    return connection.getresponse()
+
+
+def event_times(response) -> list[tuple[float, str]]:
+    """(arrival time, data) of every SSE event, read as it arrives."""
+    events = []
+    buffer = b""
+    while True:
+        chunk = response.read1(65536)
+        if not chunk:
+            break
+        now = time.monotonic()
+        buffer += chunk
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            events.append((now, event.decode().removeprefix("data: ")))
+    return events
+
+
+@pytest.fixture(scope="module")
+def proxy(vllm_server, tmp_path_factory):
+    work = tmp_path_factory.mktemp("nginx")
+    with nginx(work, nginx_proxy_http_port=18180) as site:
+        yield {"port": 18180, "site": site, "work": work}
+
+
+def test_site_has_the_streaming_settings(proxy):
+    site = proxy["site"]
+    for line in (
+        "proxy_buffering off;",
+        "proxy_cache off;",
+        "proxy_request_buffering off;",
+        "gzip off;",
+        "proxy_http_version 1.1;",
+        'proxy_set_header Connection "";',
+        "proxy_read_timeout 600s;",
+        "server_tokens off;",
+    ):
+        assert line in site, line
+    assert "X-Accel-Buffering" not in site
+
+
+def test_events_arrive_one_by_one_through_the_proxy(proxy):
+    body = {**BODY, "max_tokens": 96}
+    direct = event_times(post(VLLM_PORT, body, key=VLLM_KEY))
+    proxied = event_times(post(proxy["port"], body))
+    assert proxied[-1][1] == "[DONE]"
+
+    def text(events):
+        return "".join(json.loads(d)["choices"][0]["delta"].get("content") or "" for _t, d in events[:-1])
+
+    # The same text (temperature 0); vLLM may group tokens into chunks differently run to run.
+    assert text(proxied) == text(direct)
+
+    def spread(events):
+        return events[-2][0] - events[0][0]
+
+    def separate_arrivals(events):
+        return len({round(t, 4) for t, _data in events})
+
+    # Buffering would deliver the events in a few bursts at the end: same instants, no spread.
+    assert spread(proxied) >= 0.5 * spread(direct), (spread(proxied), spread(direct))
+    assert separate_arrivals(proxied) >= 0.5 * separate_arrivals(direct)
+
+
+def test_missing_key_is_401_json_and_vllm_never_sees_it(proxy):
+    before = metric("http_requests_total", handler="/v1/chat/completions")
+    for key in (None, "wrong-key-0123456789abcdef"):
+        response = post(proxy["port"], {**BODY, "max_tokens": 2}, key=key)
+        assert response.status == 401
+        assert response.getheader("Content-Type") == "application/json"
+        error = json.loads(response.read())["error"]
+        assert error["code"] == "invalid_api_key"
+        assert error["type"] == "invalid_request_error"
+    assert metric("http_requests_total", handler="/v1/chat/completions") == before
+
+
+def test_request_id_is_passed_through_and_logged(proxy):
+    connection = http.client.HTTPConnection("127.0.0.1", proxy["port"], timeout=30)
+    connection.request("GET", "/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}", "X-Request-ID": "abc-123"})
+    response = connection.getresponse()
+    response.read()
+    assert response.status == 200
+    assert response.getheader("X-Request-ID") == "abc-123"
+    assert response.getheader("Server") == "nginx"  # no version: server_tokens off
+    time.sleep(0.2)
+    log = (proxy["work"] / "gpubox-openai.access.log").read_text()
+    assert "key=tests" in log
+    assert "rid=abc-123" in log
+    assert "uht=" in log
+
+
+def test_client_disconnect_frees_the_upstream_request(proxy):
+    generated = metric("vllm:generation_tokens_total")
+    body = json.dumps({**BODY, "max_tokens": 480, "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", proxy["port"])) as raw:
+        raw.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {CLIENT_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert b"data: " in raw.recv(4096) + raw.recv(4096)
+    # The client is gone mid-stream: Nginx must drop the upstream request, and vLLM abort it
+    # before its 480 tokens (a finished request would add all 480 to the counter).
+    time.sleep(3)
+    assert metric("vllm:num_requests_running") == 0
+    assert metric("vllm:generation_tokens_total") - generated < 480
+
+
+def test_200_concurrent_streams_all_complete(vllm_server, tmp_path):
+    variables = {
+        "nginx_proxy_http_port": 18181,
+        "nginx_proxy_rate_per_key": "1000r/s",
+        "nginx_proxy_burst_per_key": 1000,
+        "nginx_proxy_rate_per_ip": "1000r/s",
+        "nginx_proxy_burst_per_ip": 1000,
+    }
+    results: list = [None] * 200
+
+    def one(index: int) -> None:
+        body = {**BODY, "max_tokens": 12, "stream_options": {"include_usage": True}, "ignore_eos": True}
+        try:
+            events = [data for _t, data in event_times(post(18181, body))]
+            usage = [json.loads(e)["usage"] for e in events[:-1] if json.loads(e).get("usage")]
+            results[index] = (events[-1], usage[-1]["completion_tokens"] if usage else None)
+        except Exception as exc:
+            results[index] = ("error", repr(exc))
+
+    with nginx(tmp_path, **variables):
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(200)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    failures = [r for r in results if r != ("[DONE]", 12)]
+    assert not failures, f"{len(failures)} of 200 streams failed, e.g. {failures[:3]}"
+
+
+def test_rate_limit_is_429_json(vllm_server, tmp_path):
+    variables = {"nginx_proxy_http_port": 18182, "nginx_proxy_rate_per_key": "1r/m", "nginx_proxy_burst_per_key": 1}
+    with nginx(tmp_path, **variables):
+        statuses = []
+        for _request in range(4):
+            response = post(18182, {**BODY, "max_tokens": 1, "stream": False})
+            statuses.append(response.status)
+            body = response.read()
+        assert statuses[:2] == [200, 200]
+        assert statuses[2:] == [429, 429]
+        assert json.loads(body)["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_upstream_down_is_json_502_and_recovers(vllm_server, tmp_path):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        upstream_port = free.getsockname()[1]
+    variables = {"nginx_proxy_http_port": 18183, "nginx_proxy_upstreams": [f"127.0.0.1:{upstream_port}"]}
+    with nginx(tmp_path, **variables):
+        response = post(18183, {**BODY, "max_tokens": 1})
+        assert response.status == 502
+        assert response.getheader("Content-Type") == "application/json"
+        assert json.loads(response.read())["error"]["code"] == "bad_gateway"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "http.server", str(upstream_port), "--bind", "127.0.0.1"], stderr=subprocess.DEVNULL
+        )
+        try:
+            time.sleep(1)
+            connection = http.client.HTTPConnection("127.0.0.1", 18183, timeout=10)
+            connection.request("GET", "/", headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+            assert connection.getresponse().status == 200
+        finally:
+            server.terminate()
+
+
+def test_tls_redirect_handshake_and_protocol_floor(vllm_server, tmp_path):
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+         "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.crt")],
+        capture_output=True,
+        check=True,
+    )  # fmt: skip
+    variables = {
+        "nginx_proxy_http_port": 18184,
+        "nginx_proxy_https_port": 18443,
+        "nginx_proxy_tls": True,
+        "nginx_proxy_tls_certificate": str(tmp_path / "tls.crt"),
+        "nginx_proxy_tls_certificate_key": str(tmp_path / "tls.key"),
+    }
+    with nginx(tmp_path, **variables) as site:
+        plain = http.client.HTTPConnection("127.0.0.1", 18184, timeout=10)
+        plain.request("GET", "/v1/models")
+        redirect = plain.getresponse()
+        assert redirect.status == 301
+        assert redirect.getheader("Location") == "https://127.0.0.1:18443/v1/models"
+        response = post(18443, {**BODY, "max_tokens": 2, "stream": False}, tls=True)
+        assert response.status == 200
+        # TLS 1.2 and 1.3 only: a 1.2 client gets in (clients below 1.2 are refused by the ssl_protocols line).
+        tls12 = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        tls12.check_hostname = False
+        tls12.verify_mode = ssl.CERT_NONE
+        tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+        with socket.create_connection(("127.0.0.1", 18443)) as raw, tls12.wrap_socket(raw) as wrapped:
+            assert wrapped.version() == "TLSv1.2"
+        assert "ssl_protocols TLSv1.2 TLSv1.3;" in site

@@ -1,0 +1,80 @@
+"""A real vLLM (CPU build, tiny model) deployed by the vllm role on this machine, shared by the role and proxy tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from conftest import ROOT, run_ansible
+
+PORT = 18123
+KEY = "test-secret-key-5f2c"
+PROJECT = "gpubox-test-vllm"
+
+
+def docker(*argv: str) -> str:
+    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def image_name() -> str:
+    name = subprocess.run([ROOT / "scripts" / "vllm-test-image.sh", "--name"], capture_output=True, text=True, check=True)
+    return name.stdout.strip()
+
+
+def role_vars(work: Path, image: str, **extra) -> dict:
+    repo, tag = image.split(":")
+    return {
+        "ansible_python_interpreter": sys.executable,
+        "vllm_model": str(work / "tiny-chat"),
+        "vllm_served_model_name": "tiny",
+        "vllm_device": "cpu",
+        "vllm_image": repo,
+        "vllm_image_tag": tag,
+        "vllm_project_dir": str(work / "project"),
+        "vllm_project_name": PROJECT,
+        "vllm_port": PORT,
+        "vllm_hf_cache_dir": str(work / "hf"),
+        "vllm_cache_dir": str(work / "vllm-cache"),
+        "vllm_max_model_len": 512,
+        "vllm_dtype": "bfloat16",
+        "vllm_enforce_eager": True,
+        "vllm_api_key": KEY,
+        "vllm_wait_timeout": 300,
+        **extra,
+    }
+
+
+def run_role(work: Path, variables: dict) -> subprocess.CompletedProcess:
+    playbook = work / "play.yml"
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["gpubox.inference.vllm"]}]))
+    extra = work / "vars.json"
+    extra.write_text(json.dumps(variables))
+    return run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{extra}", str(playbook))
+
+
+def copy_model_out(image: str, work: Path) -> None:
+    """The tiny model, copied out of the image to a host folder, as a user's local model would be."""
+    container = docker("create", image)
+    try:
+        docker("cp", f"{container}:/models/tiny-chat", str(work / "tiny-chat"))
+    finally:
+        docker("rm", container)
+
+
+def metric(name: str, **labels: str) -> float:
+    """Sum of a Prometheus metric on the server's /metrics, over series whose labels match."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        series, _sep, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            total += float(value)
+    return total
