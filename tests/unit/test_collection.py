@@ -74,3 +74,9 @@ def test_built_tarball_has_no_test_or_cache_files(tmp_path: Path):
     unwanted = ("tests", "molecule", ".collections", ".ci", "scripts", ".git", "build")
     leaked = [n for n in names if n.split("/")[0] in unwanted or "__pycache__" in n or n.endswith(".pyc")]
     assert not leaked, leaked
+
+
+@pytest.mark.parametrize("playbook", sorted(p.name for p in (ROOT / "playbooks").glob("*.yml")))
+def test_playbooks_pass_syntax_check(playbook: str):
+    result = ansible("ansible-playbook", "--syntax-check", f"playbooks/{playbook}")
+    assert result.returncode == 0, result.stderr

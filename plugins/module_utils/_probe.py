@@ -1,0 +1,247 @@
+# Copyright (c) gpubox.inference contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Private: a streaming load probe for OpenAI-compatible endpoints, and the statistics people publish.
+
+``run`` drives streamed requests with asyncio over plain HTTP/1.1 (standard library
+only, so the probe runs on any host with Python, controller or box) and records when
+every Server-Sent Event arrived. ``summarize`` turns those records into TTFT,
+inter-token latency, time per output token, throughput and a buffering verdict; it
+is pure and tested on made-up timelines. No Ansible imports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+import zlib
+from urllib.parse import urlsplit
+
+# A stream is "buffered" when its content events arrive packed together: their spread is
+# under this share of the request's duration (a proxy that buffers delivers them at the end).
+BUFFERED_SPREAD_SHARE = 0.1
+WORDS = [
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
+    "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa",
+]  # fmt: skip
+
+
+def percentile(values: list[float], share: float) -> float | None:
+    """Linear-interpolated percentile (share in 0..1) of a list; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * share
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _spread(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    return {
+        "mean": sum(values) / len(values),
+        "p50": percentile(values, 0.5),
+        "p90": percentile(values, 0.9),
+        "p99": percentile(values, 0.99),
+    }
+
+
+def summarize(records: list[dict], wall_seconds: float) -> dict:
+    """Statistics over request records.
+
+    A record: ``status`` (int, or None for a transport error), ``start``, ``end``,
+    ``events`` (arrival times of content events), ``tokens`` (completion tokens, from
+    usage when the server sent it, else the number of content events), ``error``.
+    Times in seconds; results in milliseconds and tokens per second.
+    """
+    ok = [r for r in records if r["status"] == 200 and r["events"] and not r.get("error")]
+    errors: dict[str, int] = {}
+    for record in records:
+        if record not in ok:
+            key = str(record["status"]) if record["status"] is not None else "transport"
+            errors[key] = errors.get(key, 0) + 1
+    ttft = [(r["events"][0] - r["start"]) * 1e3 for r in ok]
+    itl = [(b - a) * 1e3 for r in ok for a, b in zip(r["events"], r["events"][1:], strict=False)]
+    tpot = [(r["end"] - r["events"][0]) * 1e3 / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
+    per_stream = [r["tokens"] / (r["end"] - r["start"]) for r in ok if r["end"] > r["start"]]
+    tokens = sum(r["tokens"] for r in ok)
+    verdicts = [_buffered(r) for r in ok if len(r["events"]) >= 4]
+    buffered_share = sum(verdicts) / len(verdicts) if verdicts else None
+    return {
+        "requests": len(records),
+        "succeeded": len(ok),
+        "errors": errors,
+        "wall_s": wall_seconds,
+        "ttft_ms": _spread(ttft),
+        "itl_ms": _spread(itl),
+        "tpot_ms": _spread(tpot),
+        "output_tokens": tokens,
+        "output_tokens_per_s": tokens / wall_seconds if wall_seconds > 0 else None,
+        "per_stream_tokens_per_s": _spread(per_stream),
+        "requests_per_s": len(ok) / wall_seconds if wall_seconds > 0 else None,
+        "buffering": {
+            "verdict": None if buffered_share is None else ("buffered" if buffered_share > 0.5 else "streaming"),
+            "buffered_streams": sum(verdicts),
+            "streams_judged": len(verdicts),
+        },
+    }
+
+
+def _buffered(record: dict) -> bool:
+    duration = record["end"] - record["start"]
+    spread = record["events"][-1] - record["events"][0]
+    return duration > 0 and spread < BUFFERED_SPREAD_SHARE * duration
+
+
+def prompt(tokens: int, shared_prefix: int, index: int) -> str:
+    """About ``tokens`` words, the first ``shared_prefix`` the same for every request."""
+    shared = [WORDS[i % len(WORDS)] for i in range(min(shared_prefix, tokens))]
+    own = [WORDS[(index * 7 + i) % len(WORDS)] + str(index % 10) for i in range(tokens - len(shared))]
+    return " ".join(shared + own)
+
+
+async def _request(target: dict, body: bytes, timeout: float) -> dict:
+    record: dict = {"status": None, "start": time.monotonic(), "end": None, "events": [], "tokens": 0, "error": None}
+    writer = None
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(target["host"], target["port"], ssl=target["ssl"], server_hostname=target["sni"]),
+            timeout,
+        )
+        head = (
+            f"POST {target['path']} HTTP/1.1\r\nHost: {target['host_header']}\r\nContent-Type: application/json\r\n"
+            f"Accept: text/event-stream\r\nAccept-Encoding: gzip\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+        )
+        if target["api_key"]:
+            head += f"Authorization: Bearer {target['api_key']}\r\n"
+        writer.write(head.encode() + b"\r\n" + body)
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), timeout)
+        record["status"] = int(status_line.split()[1])
+        headers = {}
+        while (line := await asyncio.wait_for(reader.readline(), timeout)) not in (b"\r\n", b""):
+            key, _sep, value = line.decode("latin-1").partition(":")
+            headers[key.strip().lower()] = value.strip()
+        if record["status"] != 200:
+            return record
+        usage = None
+        chunked = headers.get("transfer-encoding") == "chunked"
+        gzipped = headers.get("content-encoding") == "gzip"
+        async for data in _events(reader, chunked, gzipped, timeout):
+            if data == "[DONE]":
+                record["done"] = True
+                break
+            payload = json.loads(data)
+            if payload.get("usage"):
+                usage = payload["usage"].get("completion_tokens")
+            for choice in payload.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or choice.get("text")
+                if text:
+                    record["events"].append(time.monotonic())
+        record["tokens"] = usage if usage is not None else len(record["events"])
+        if not record.get("done"):
+            record["error"] = "stream ended without [DONE]"
+    except (TimeoutError, OSError, ValueError, IndexError) as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        record["end"] = time.monotonic()
+        if writer is not None:
+            writer.close()
+    return record
+
+
+async def _events(reader, chunked: bool, gzipped: bool, timeout: float):
+    """SSE ``data:`` payloads as they arrive, over a chunked or plain, gzip-encoded or plain body.
+
+    The probe asks for gzip like common HTTP clients do, so a proxy that compresses event
+    streams (and so holds them back) shows up in the arrival times.
+    """
+    pending = b""
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+    while True:
+        if chunked:
+            size_line = await asyncio.wait_for(reader.readline(), timeout)
+            size = int(size_line.split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                return
+            piece = (await asyncio.wait_for(reader.readexactly(size + 2), timeout))[:-2]
+        else:
+            piece = await asyncio.wait_for(reader.read(65536), timeout)
+            if not piece:
+                return
+        pending += inflate.decompress(piece) if inflate else piece
+        while b"\n\n" in pending:
+            event, pending = pending.split(b"\n\n", 1)
+            for line in event.decode().splitlines():
+                if line.startswith("data:"):
+                    yield line[5:].strip()
+
+
+def target_for(url: str, api_key: str | None, verify: bool, ca_path: str | None, endpoint: str) -> dict:
+    parts = urlsplit(url.rstrip("/"))
+    context = None
+    if parts.scheme == "https":
+        context = ssl.create_default_context(cafile=ca_path)
+        if not verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return {
+        "host": parts.hostname,
+        "port": port,
+        "ssl": context,
+        "sni": parts.hostname if context else None,
+        "host_header": parts.netloc,
+        "path": parts.path + ("/chat/completions" if endpoint == "chat" else "/completions"),
+        "api_key": api_key,
+    }
+
+
+async def _run(settings: dict) -> tuple[list[dict], float]:
+    target = target_for(
+        settings["url"], settings.get("api_key"), settings["validate_certs"], settings.get("ca_path"), settings["endpoint"]
+    )
+    gate = asyncio.Semaphore(settings["concurrency"])
+    deadline = time.monotonic() + settings["max_seconds"]
+
+    async def one(index: int) -> dict | None:
+        async with gate:
+            if time.monotonic() > deadline:
+                return None
+            text = prompt(settings["prompt_tokens"], settings["shared_prefix_tokens"], index)
+            body: dict = {"model": settings["model"], "max_tokens": settings["max_tokens"], "temperature": 0, "stream": True}
+            body["stream_options"] = {"include_usage": True}
+            if settings.get("ignore_eos"):
+                body["ignore_eos"] = True
+            if settings["endpoint"] == "chat":
+                body["messages"] = [{"role": "user", "content": text}]
+            else:
+                body["prompt"] = text
+            return await _request(target, json.dumps(body).encode(), settings["timeout"])
+
+    started = time.monotonic()
+    records = await asyncio.gather(*(one(i) for i in range(settings["requests"])))
+    return [r for r in records if r is not None], time.monotonic() - started
+
+
+def run(settings: dict) -> dict:
+    """Send ``requests`` streamed requests at ``concurrency``; return the summary and the raw counts."""
+    records, wall = asyncio.run(_run(settings))
+    return summarize(records, wall)
+
+
+def table(label: str, summary: dict) -> str:
+    """One row of the kind published in deployment write-ups."""
+
+    def ms(value):
+        return f"{value:8.1f}" if value is not None else "       -"
+
+    tps = summary["output_tokens_per_s"]
+    return (
+        f"{label:<24} ok {summary['succeeded']:>4}/{summary['requests']:<4} TTFT p50 {ms(summary['ttft_ms']['p50'])} ms "
+        f"p99 {ms(summary['ttft_ms']['p99'])} ms  ITL p50 {ms(summary['itl_ms']['p50'])} ms  "
+        f"{tps if tps is not None else 0:8.1f} tok/s  buffering: {summary['buffering']['verdict']}"
+    )

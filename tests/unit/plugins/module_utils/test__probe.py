@@ -1,0 +1,55 @@
+"""_probe.summarize on made-up timelines: the statistics and the buffering verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpubox.inference.plugins.module_utils._probe import percentile, prompt, summarize
+
+
+def record(start: float, first: float, gap: float, tokens: int, status: int = 200) -> dict:
+    events = [first + i * gap for i in range(tokens)]
+    return {"status": status, "start": start, "end": events[-1] + 0.001, "events": events, "tokens": tokens, "error": None}
+
+
+def test_percentile():
+    assert percentile([], 0.5) is None
+    assert percentile([3, 1, 2], 0.5) == 2
+    assert percentile([0, 10], 0.9) == pytest.approx(9)
+
+
+def test_streaming_timeline():
+    records = [record(0.0, 0.020, 0.010, 11), record(0.0, 0.030, 0.010, 11)]
+    summary = summarize(records, wall_seconds=0.2)
+    assert summary["succeeded"] == 2
+    assert summary["ttft_ms"]["mean"] == pytest.approx(25)
+    assert summary["ttft_ms"]["p50"] == pytest.approx(25)
+    assert summary["itl_ms"]["p50"] == pytest.approx(10)
+    assert summary["tpot_ms"]["mean"] == pytest.approx(10.1, abs=0.2)
+    assert summary["output_tokens"] == 22
+    assert summary["output_tokens_per_s"] == pytest.approx(110)
+    assert summary["buffering"] == {"verdict": "streaming", "buffered_streams": 0, "streams_judged": 2}
+
+
+def test_buffered_timeline_is_detected():
+    # Every event at the very end, within a millisecond: what a buffering (or gzip-ing) proxy delivers.
+    records = [record(0.0, 0.500, 0.00001, 32) for _index in range(3)]
+    summary = summarize(records, wall_seconds=0.6)
+    assert summary["buffering"]["verdict"] == "buffered"
+    assert summary["buffering"]["buffered_streams"] == 3
+    assert summary["ttft_ms"]["p50"] == pytest.approx(500)
+
+
+def test_errors_are_counted_by_status():
+    failed = {"status": 401, "start": 0, "end": 0.01, "events": [], "tokens": 0, "error": None}
+    broken = {"status": None, "start": 0, "end": 0.01, "events": [], "tokens": 0, "error": "ConnectionRefusedError"}
+    summary = summarize([record(0, 0.01, 0.01, 5), failed, failed, broken], wall_seconds=1)
+    assert summary["succeeded"] == 1
+    assert summary["errors"] == {"401": 2, "transport": 1}
+
+
+def test_prompt_has_the_shared_prefix():
+    a, b = prompt(20, 8, 1).split(), prompt(20, 8, 2).split()
+    assert len(a) == len(b) == 20
+    assert a[:8] == b[:8]
+    assert a[8:] != b[8:]
