@@ -17,7 +17,7 @@ COLLECTION_LINK := .collections/ansible_collections/gpubox/inference
 RUN_VENV = $(shell scripts/venv.sh run)
 TEST_VENV = $(shell scripts/venv.sh test)
 
-.PHONY: help setup provision test deps lint sanity unit molecule bench build clean
+.PHONY: help setup provision test deps lint sanity unit molecule bench bench-proxy build clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -60,6 +60,9 @@ molecule: setup
 ## Benchmarks print numbers (README: Benchmarks); they are not part of make test.
 bench: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" python scripts/bench_p2p_facts.py
+
+bench-proxy: setup
+	PATH="$(TEST_VENV)/bin:$$PATH" python scripts/bench_proxy.py
 
 build: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" ansible-galaxy collection build --force --output-path build/

