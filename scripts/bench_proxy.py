@@ -88,7 +88,7 @@ def nginx_site(work: Path) -> subprocess.Popen:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     sh("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{work / 'vars.json'}", str(work / "render.yml"), env=env)
     (work / "nginx.conf").write_text(
-        f"worker_processes 1;\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
+        f"worker_processes auto;\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
         f"events {{ worker_connections 4096; }}\nhttp {{ access_log off; client_body_temp_path {work}/b; "
         f"proxy_temp_path {work}/p; include {work / 'site.conf'}; }}\n"
     )
