@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 from conftest import run_module
+from nginx_server import CLIENT_KEY, nginx
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
-
-from ansible_collections.gpubox.inference.tests.unit.roles.test_nginx_proxy import CLIENT_KEY, nginx
 
 PROBE = {"model": "tiny", "concurrency": 4, "requests": 8, "prompt_tokens": 50, "max_tokens": 64}
 

@@ -1,0 +1,102 @@
+"""A real Nginx running the nginx_proxy role's own site (rendered by the role), for the proxy and probe tests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+from conftest import run_ansible
+from vllm_server import KEY as VLLM_KEY
+from vllm_server import PORT as VLLM_PORT
+
+CLIENT_KEY = "client-key-0123456789abcdef"
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "temperature": 0, "stream": True}
+
+
+def render_site(work: Path, **variables) -> Path:
+    site = work / "site.conf"
+    playbook = work / "render.yml"
+    task = {"ansible.builtin.include_role": {"name": "gpubox.inference.nginx_proxy", "tasks_from": "render.yml"}}
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [task]}]))
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "nginx_proxy_site_path": str(site),
+        "nginx_proxy_log_dir": str(work),
+        "nginx_proxy_upstreams": [f"127.0.0.1:{VLLM_PORT}"],
+        "nginx_proxy_upstream_api_key": VLLM_KEY,
+        "nginx_proxy_api_keys": [{"name": "tests", "key": CLIENT_KEY}],
+        "nginx_proxy_listen_ipv6": False,
+        **variables,
+    }
+    (work / "vars.json").write_text(json.dumps(extra))
+    result = run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{work / 'vars.json'}", str(playbook))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert CLIENT_KEY not in result.stdout + result.stderr
+    return site
+
+
+@contextmanager
+def nginx(work: Path, **variables):
+    """Run a real Nginx with the role's site; yields the site's text."""
+    site = render_site(work, **variables)
+    conf = work / "nginx.conf"
+    conf.write_text(
+        f"worker_processes 2;\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
+        f"events {{ worker_connections 4096; }}\n"
+        f"http {{\n  client_body_temp_path {work}/body;\n  proxy_temp_path {work}/proxy;\n"
+        f"  access_log off;\n  include {site};\n}}\n"
+    )
+    test = subprocess.run([shutil.which("nginx"), "-t", "-c", str(conf)], capture_output=True, text=True, check=False)
+    assert test.returncode == 0, test.stderr
+    process = subprocess.Popen([shutil.which("nginx"), "-c", str(conf)], stderr=subprocess.PIPE)
+    try:
+        port = variables.get("nginx_proxy_https_port") if variables.get("nginx_proxy_tls") else variables["nginx_proxy_http_port"]
+        for _try in range(50):
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield site.read_text()
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def post(port: int, body: dict, key: str | None = CLIENT_KEY, tls: bool = False) -> http.client.HTTPResponse:
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=120, context=context)
+    else:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    connection.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
+    return connection.getresponse()
+
+
+def event_times(response) -> list[tuple[float, str]]:
+    """(arrival time, data) of every SSE event, read as it arrives."""
+    events = []
+    buffer = b""
+    while True:
+        chunk = response.read1(65536)
+        if not chunk:
+            break
+        now = time.monotonic()
+        buffer += chunk
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            events.append((now, event.decode().removeprefix("data: ")))
+    return events
