@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
-import time
 
 MIB = 1024 * 1024
 CU_EVENT_DEFAULT = 0
@@ -265,12 +264,10 @@ def measure(library: str, settings: dict, timeout: float, pairs: list[tuple[int,
 
 
 def _stop(process) -> None:
-    """End a child; one stuck in the driver (D state) may ignore even SIGKILL, so never wait long for it."""
+    """End a child; one stuck in the driver (D state) may ignore even SIGKILL, so wait at most 2 s and abandon it."""
     if process.is_alive():
         process.kill()
     process.join(2)
-    if process.is_alive():
-        time.sleep(0)  # abandoned: a process in uninterruptible sleep is reaped by the kernel later
 
 
 def default_settings() -> dict:

@@ -395,4 +395,4 @@ def analyse_platform(
         }
         gpu["downtrained"], gpu["link_note"] = judge_link(gpu)
         gpus.append(gpu)
-    return {"cpu": parse_cpuinfo(cpuinfo) if cpuinfo else parse_cpuinfo(""), "gpus": gpus}
+    return {"cpu": parse_cpuinfo(cpuinfo or ""), "gpus": gpus}

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from html import escape
 
+from ansible_collections.gpubox.inference.plugins.module_utils._topology import link_class
+
 VERDICT_WORDS = {
     "fit": "fit for tensor parallelism",
     "slow": "works but slow",
@@ -64,8 +66,8 @@ def combine(topology: dict, platform: dict, acs: dict, iommu: dict, policy: dict
             reasons = []
             verdict = "fit"
             code = topology["links_normalized"][a][b]
-            link_class = _link_class(code)
-            if link_class not in ("NVLINK", "PIX", "PXB"):
+            pair_class = link_class(code)
+            if pair_class not in ("NVLINK", "PIX", "PXB"):
                 verdict = "slow"
                 reasons.append(f"{code} link")
             status = [p2p.get(a, {}).get(b), p2p.get(b, {}).get(a)]
@@ -85,7 +87,7 @@ def combine(topology: dict, platform: dict, acs: dict, iommu: dict, policy: dict
             redirecting = (pair_acs or {}).get("redirecting") or (
                 [r["bdf"] or "a bridge" for r in acs.get("redirecting", [])] if global_redirect else []
             )
-            if redirecting and not bad_status and link_class != "NVLINK":
+            if redirecting and not bad_status and pair_class != "NVLINK":
                 verdict = "hang"
                 reasons.append(f"ACS redirects P2P on {redirecting[0]}")
             pairs.append({"gpus": [a, b], "link": code, "verdict": verdict, "reasons": reasons})
@@ -102,12 +104,6 @@ def combine(topology: dict, platform: dict, acs: dict, iommu: dict, policy: dict
         "failures": failures,
         "warnings": warnings,
     }
-
-
-def _link_class(code: str) -> str:
-    if code.startswith("NV") and code[2:].isdigit():
-        return "NVLINK"
-    return code if code in LINK_COLOURS else "UNKNOWN"
 
 
 def _decisions(pairs: list[dict], iommu: dict) -> dict:
@@ -270,7 +266,7 @@ def render_svg(topology: dict, platform: dict) -> str:
     for i, a in enumerate(names):
         for j, b in enumerate(names[i + 1 :], start=i + 1):
             code = topology["links"][a][b]
-            colour = LINK_COLOURS[_link_class(code if code != "SOC" else "SYS")]
+            colour = LINK_COLOURS[link_class(code)]
             x1, x2 = x_of[a] + box_w / 2, x_of[b] + box_w / 2
             depth = gpu_y + box_h + 18 * (j - i)
             parts.append(
