@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import shutil
@@ -9,6 +10,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -100,3 +102,42 @@ def event_times(response) -> list[tuple[float, str]]:
             event, buffer = buffer.split(b"\n\n", 1)
             events.append((now, event.decode().removeprefix("data: ")))
     return events
+
+
+@contextmanager
+def paced_upstream(events: int, gap: float):
+    """An SSE upstream that sends ``events`` chat chunks ``gap`` seconds apart, then ``[DONE]``; yields its port.
+
+    Real vLLM on this machine can emit a token every millisecond, and events that close
+    together are legitimately coalesced on the way (one read returns several). A known pace
+    makes "each event is forwarded when it is sent" something a test can check exactly.
+    """
+
+    async def handle(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(h for h in head.decode().split("\r\n") if h.lower().startswith("content-length"))
+        await reader.readexactly(int(length.split(":")[1]))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for index in range(events):
+            chunk = {"choices": [{"index": 0, "delta": {"content": f" w{index}"}, "finish_reason": None}]}
+            event = f"data: {json.dumps(chunk)}\n\n".encode()
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+            await asyncio.sleep(gap)
+        writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", port))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield port
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
