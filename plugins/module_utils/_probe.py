@@ -54,7 +54,8 @@ def summarize(records: list[dict], wall_seconds: float) -> dict:
 
     A record: ``status`` (int, or None for a transport error), ``start``, ``end``,
     ``events`` (arrival times of content events), ``tokens`` (completion tokens, from
-    usage when the server sent it, else the number of content events), ``error``.
+    usage when the server sent it, else the number of content events), ``prompt_tokens``
+    (optional, from usage), ``error``.
     Times in seconds; results in milliseconds and tokens per second.
     """
     ok = [r for r in records if r["status"] == 200 and r["events"] and not r.get("error")]
@@ -68,6 +69,7 @@ def summarize(records: list[dict], wall_seconds: float) -> dict:
     tpot = [(r["end"] - r["events"][0]) * 1e3 / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
     per_stream = [r["tokens"] / (r["end"] - r["start"]) for r in ok if r["end"] > r["start"]]
     tokens = sum(r["tokens"] for r in ok)
+    prompts = [r["prompt_tokens"] for r in ok if r.get("prompt_tokens")]
     verdicts = [_buffered(r) for r in ok if len(r["events"]) >= 4]
     buffered_share = sum(verdicts) / len(verdicts) if verdicts else None
     return {
@@ -79,6 +81,8 @@ def summarize(records: list[dict], wall_seconds: float) -> dict:
         "itl_ms": _spread(itl),
         "tpot_ms": _spread(tpot),
         "output_tokens": tokens,
+        # What the server counted (chat template included), when it sent usage.
+        "prompt_tokens_mean": sum(prompts) / len(prompts) if prompts else None,
         "output_tokens_per_s": tokens / wall_seconds if wall_seconds > 0 else None,
         "per_stream_tokens_per_s": _spread(per_stream),
         "requests_per_s": len(ok) / wall_seconds if wall_seconds > 0 else None,
@@ -137,6 +141,7 @@ async def _request(target: dict, body: bytes, timeout: float) -> dict:
             payload = json.loads(data)
             if payload.get("usage"):
                 usage = payload["usage"].get("completion_tokens")
+                record["prompt_tokens"] = payload["usage"].get("prompt_tokens")
             for choice in payload.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content") or choice.get("text")
                 if text:

@@ -99,7 +99,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 probe:
-  description: The statistics (times in ms, rates per second).
+  description:
+    - The statistics (times in ms, rates per second).
+    - C(prompt_tokens_mean) is what the server counted per prompt (chat template included), from the usage it sends;
+      compare it with O(prompt_tokens), which counts words.
   returned: success
   type: dict
   sample:
@@ -109,6 +112,7 @@ probe:
     ttft_ms: {"mean": 21.4, "p50": 19.8, "p90": 30.1, "p99": 41.0}
     itl_ms: {"mean": 2.1, "p50": 1.9, "p90": 3.0, "p99": 6.2}
     output_tokens_per_s: 1830.5
+    prompt_tokens_mean: 212.0
     buffering: {"verdict": "streaming", "buffered_streams": 0, "streams_judged": 50}
 table:
   description: The result as one table row.

@@ -53,3 +53,10 @@ def test_prompt_has_the_shared_prefix():
     assert len(a) == len(b) == 20
     assert a[:8] == b[:8]
     assert a[8:] != b[8:]
+
+
+def test_prompt_tokens_come_from_the_servers_usage():
+    counted, uncounted = record(0, 0.01, 0.01, 5), record(0, 0.01, 0.01, 5)
+    counted["prompt_tokens"] = 212
+    assert summarize([counted, uncounted], wall_seconds=1)["prompt_tokens_mean"] == 212
+    assert summarize([uncounted], wall_seconds=1)["prompt_tokens_mean"] is None

@@ -26,9 +26,19 @@ def test_direct_stream_is_measured_and_not_buffered(vllm_server):
     summary = result["probe"]
     assert summary["succeeded"] == 8
     assert summary["output_tokens"] == 8 * 64
+    assert summary["prompt_tokens_mean"] > 50  # 50 words, and the chat template around them
     assert summary["ttft_ms"]["p50"] > 0
     assert summary["buffering"]["verdict"] == "streaming"
     assert "TTFT p50" in result["table"]
+
+
+def test_completion_endpoint_is_measured(vllm_server):
+    summary = probe(f"http://127.0.0.1:{VLLM_PORT}/v1", VLLM_KEY, endpoint="completion", requests=4, concurrency=2)["probe"]
+    assert summary["succeeded"] == 4
+    assert summary["output_tokens"] == 4 * 64
+    # No chat template: the server counts the prompt's own tokens, at least one per word.
+    assert summary["prompt_tokens_mean"] >= 50
+    assert summary["buffering"]["verdict"] == "streaming"
 
 
 def test_through_the_projects_nginx_is_not_buffered(vllm_server, tmp_path: Path):
