@@ -7,6 +7,10 @@ user's settings, the facts gathered on the host (the preflight result, the GPU
 and P2P facts) and the model's ``config.json``, and returns the validation
 errors, the server arguments, the environment, one reason per derived setting,
 and a KV-cache estimate. The vllm role renders what it returns.
+
+``facts["previous"]`` is what the last deployment stored (``record`` below). After a
+GPU swap, a plan that can only run as a lesser configuration than that one (fewer
+tensor-parallel GPUs, P2P now off) is an error unless ``settings["allow_downgrade"]``.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     env: dict[str, str] = {}
 
     tp = settings["tensor_parallel_size"]
+    gpus = _gpu_count(facts)
+    heads = (model_config or {}).get("num_attention_heads")
     if settings["device"] == "cpu":
         tp = tp or 1
         reasons["--tensor-parallel-size"] = f"{tp}: the CPU backend" if not settings["tensor_parallel_size"] else "your choice"
@@ -110,6 +116,11 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         tp = len(group) or _gpu_count(facts) or 1
         source = "the GPUs the preflight allows" if group else "the GPUs on this host"
         reasons["--tensor-parallel-size"] = f"{tp}: {source}"
+    elif gpus and tp * settings["pipeline_parallel_size"] > gpus and settings.get("allow_downgrade"):
+        pinned, tp = tp, largest_fitting_tp(gpus // settings["pipeline_parallel_size"], heads)
+        reasons["--tensor-parallel-size"] = (
+            f"{tp}: lowered from vllm_tensor_parallel_size={pinned}, this host has {gpus} GPUs (vllm_allow_downgrade)"
+        )
     else:
         reasons["--tensor-parallel-size"] = "your choice"
 
@@ -182,8 +193,20 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     args += [str(a) for a in settings.get("extra_args") or []]
 
     errors = validate(settings, facts, model_config, tp)
+    deployed = {
+        "tensor_parallel_size": tp,
+        "nccl_p2p_disable": env.get("NCCL_P2P_DISABLE") == "1",
+        "fingerprint": (facts.get("gpu") or {}).get("fingerprint"),
+    }
+    lost = downgrades(facts.get("previous"), deployed)
+    if lost and not settings.get("allow_downgrade"):
+        errors.append(
+            "the GPUs changed and the running deployment cannot be kept as it is: "
+            + "; ".join(lost)
+            + ". Fix the hardware, or set vllm_allow_downgrade=true to redeploy with less"
+        )
     estimate = None if errors else kv_cache_estimate(settings, facts, model_config, tp, weights_bytes)
-    warnings = []
+    warnings = [f"downgraded after the GPU change: {item}" for item in lost] if settings.get("allow_downgrade") else []
     sequences = (estimate or {}).get("concurrent_sequences")
     if sequences is not None and sequences < settings.get("min_concurrent_sequences", 1):
         warnings.append(
@@ -199,4 +222,24 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         "errors": errors,
         "warnings": warnings,
         "kv_cache": estimate,
+        # What the role stores once deployed; the next run's facts["previous"].
+        "record": deployed,
     }
+
+
+def largest_fitting_tp(gpus: int, heads: int | None) -> int:
+    """The largest tensor-parallel size at most ``gpus`` that divides the attention heads (1 at worst)."""
+    return next((size for size in range(max(gpus, 1), 0, -1) if not heads or heads % size == 0), 1)
+
+
+def downgrades(previous: dict | None, deployed: dict) -> list[str]:
+    """What the new plan gives up against the last deployment, in words; empty when nothing."""
+    if not previous:
+        return []
+    lost = []
+    before, after = int(previous.get("tensor_parallel_size") or 1), deployed["tensor_parallel_size"]
+    if after < before:
+        lost.append(f"tensor parallel size {before} -> {after}")
+    if after > 1 and deployed["nccl_p2p_disable"] and not previous.get("nccl_p2p_disable"):
+        lost.append("GPU peer-to-peer was on and must now be off (NCCL_P2P_DISABLE=1)")
+    return lost

@@ -43,6 +43,9 @@ def role_vars(work: Path, image: str, **extra) -> dict:
         "vllm_enforce_eager": True,
         "vllm_api_key": KEY,
         "vllm_wait_timeout": 300,
+        # The role's records (/etc/ansible/facts.d on a box) go to the test's folder, not this machine's /etc.
+        "_vllm_gpu_record_path": str(work / "facts" / "gpubox_gpu.fact"),
+        "_vllm_deployment_record_path": str(work / "facts" / "gpubox_vllm.fact"),
         **extra,
     }
 

@@ -7,6 +7,7 @@ Needs Docker and the image from scripts/vllm-test-image.sh (`make deps` builds b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import urllib.error
 import urllib.request
@@ -14,6 +15,9 @@ from pathlib import Path
 
 import openai
 import pytest
+import yaml
+from conftest import ANSIBLE_ENV, ROOT, run_ansible
+from hardware import RTX3090_PAIR, nvml_machine
 from vllm_server import KEY, PORT, PROJECT, docker, role_vars, run_role
 
 
@@ -59,6 +63,46 @@ def test_bad_settings_are_refused_before_anything_changes(workdir, image):
     assert "vllm_tensor_parallel_size=3 must divide the model's 2 attention heads" in out
     assert "vllm_gpu_memory_utilization=1.5 must be in (0, 1]" in out
     assert not (work / "project").exists()
+
+
+def plan_only(work: Path, variables: dict) -> subprocess.CompletedProcess:
+    """The role's plan entry point alone (what site.yml runs before it touches the box)."""
+    task = {"ansible.builtin.include_role": {"name": "gpubox.inference.vllm", "tasks_from": "plan.yml"}}
+    show = {"ansible.builtin.debug": {"msg": "{{ __vllm_plan.warnings }}"}}
+    (work / "plan.yml").write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [task, show]}]))
+    (work / "vars.json").write_text(json.dumps(variables))
+    extra = f"@{work / 'vars.json'}"
+    return run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", extra, str(work / "plan.yml"))
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_gpu_swap_that_loses_a_gpu_is_refused_unless_allowed(workdir, image, tmp_path, monkeypatch, allow):
+    """The last deployment ran on 2 GPUs; now NVML sees 1. The plan fails before anything changes, or warns."""
+    fakes = ROOT / "tests" / "unit" / "fakes"
+    monkeypatch.setitem(ANSIBLE_ENV, "PYTHONPATH", os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")]))
+    one_gpu = {**RTX3090_PAIR, "gpus": RTX3090_PAIR["gpus"][:1], "p2p": {}, "topology": {}}
+    monkeypatch.setitem(ANSIBLE_ENV, "GPUBOX_FAKE_NVML", str(nvml_machine(tmp_path / "machine.json", one_gpu)))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    topo = tmp_path / "topo.txt"
+    topo.write_text("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-15\t0\n")
+    (bindir / "nvidia-smi").write_text(f"#!/bin/sh\ncat {topo}\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setitem(ANSIBLE_ENV, "PATH", f"{bindir}{os.pathsep}{ANSIBLE_ENV['PATH']}")
+    variables = role_vars(workdir, image, vllm_device="cuda", vllm_project_dir=str(tmp_path / "project"))
+    variables["_vllm_deployment_record_path"] = str(tmp_path / "vllm.fact")
+    variables["_vllm_gpu_record_path"] = str(tmp_path / "gpu.fact")
+    (tmp_path / "vllm.fact").write_text(json.dumps({"tensor_parallel_size": 2, "nccl_p2p_disable": False}))
+    result = plan_only(tmp_path, {**variables, "vllm_allow_downgrade": allow})
+    out = result.stdout + result.stderr
+    if allow:
+        assert result.returncode == 0, out[-3000:]
+        assert "downgraded after the GPU change: tensor parallel size 2 -> 1" in out
+    else:
+        assert result.returncode == 2
+        assert "the GPUs changed and the running deployment cannot be kept as it is: tensor parallel size 2 -> 1" in out
+        assert "set vllm_allow_downgrade=true" in out
+    assert not (tmp_path / "project").exists()
 
 
 def test_the_role_deploys_a_server_that_streams(deployed, workdir):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpubox.inference.plugins.module_utils._vllm import plan
+from ansible_collections.gpubox.inference.plugins.module_utils._vllm import largest_fitting_tp, plan
 
 LLAMA_8B = {
     "num_attention_heads": 32,
@@ -194,3 +194,83 @@ def test_long_context_on_a_small_gpu_warns():
     result = plan(settings(max_model_len=131072), {"gpu": gpus(1)}, LLAMA_8B, weights_bytes=16_060_000_000)
     assert result["kv_cache"]["concurrent_sequences"] == 0
     assert result["warnings"][0].startswith("vllm_max_model_len=131072 leaves KV cache for about 0 concurrent sequences")
+
+
+# ------------------------------------------------------------ after a GPU swap
+
+BROKEN = {
+    "nccl_p2p_disable": True,
+    "reasons": ["NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce: GPU0-GPU1 P2P copies lose or corrupt data"],
+}
+
+
+def swapped(count: int, previous: dict, **extra) -> dict:
+    return {"gpu": {**gpus(count), "fingerprint": "new"}, "previous": previous, **extra}
+
+
+def test_the_record_is_what_the_next_run_compares_with():
+    result = plan(settings(), {"gpu": {**gpus(2), "fingerprint": "abc"}}, LLAMA_8B)
+    assert result["record"] == {"tensor_parallel_size": 2, "nccl_p2p_disable": False, "fingerprint": "abc"}
+    assert plan(settings(), {"gpu": gpus(2), "gpu_p2p": {"decisions": BROKEN}}, LLAMA_8B)["record"]["nccl_p2p_disable"]
+
+
+def test_fewer_gpus_than_the_last_deployment_fails_and_says_how_to_allow_it():
+    result = plan(settings(), swapped(1, {"tensor_parallel_size": 2, "nccl_p2p_disable": False}), LLAMA_8B)
+    assert result["errors"] == [
+        "the GPUs changed and the running deployment cannot be kept as it is: tensor parallel size 2 -> 1. "
+        "Fix the hardware, or set vllm_allow_downgrade=true to redeploy with less"
+    ]
+
+
+def test_a_pair_now_broken_fails_when_the_last_deployment_used_p2p():
+    previous = {"tensor_parallel_size": 2, "nccl_p2p_disable": False}
+    result = plan(settings(), swapped(2, previous, gpu_p2p={"decisions": BROKEN}), LLAMA_8B)
+    assert len(result["errors"]) == 1
+    assert "GPU peer-to-peer was on and must now be off (NCCL_P2P_DISABLE=1)" in result["errors"][0]
+
+
+def test_allowed_downgrade_deploys_with_less_and_warns():
+    previous = {"tensor_parallel_size": 2, "nccl_p2p_disable": False}
+    result = plan(settings(allow_downgrade=True), swapped(2, previous, gpu_p2p={"decisions": BROKEN}), LLAMA_8B)
+    assert result["errors"] == []
+    assert result["env"]["NCCL_P2P_DISABLE"] == "1"
+    assert result["warnings"] == [
+        "downgraded after the GPU change: GPU peer-to-peer was on and must now be off (NCCL_P2P_DISABLE=1)"
+    ]
+
+
+def test_pinned_tp_above_the_gpus_is_lowered_only_when_allowed():
+    previous = {"tensor_parallel_size": 4, "nccl_p2p_disable": False}
+    refused = plan(settings(tensor_parallel_size=4), swapped(3, previous), LLAMA_8B)
+    assert (
+        "vllm_tensor_parallel_size=4 x vllm_pipeline_parallel_size=1 must be at most the 3 GPUs on this host" in refused["errors"]
+    )
+    allowed = plan(settings(tensor_parallel_size=4, allow_downgrade=True), swapped(3, previous), LLAMA_8B)
+    assert allowed["errors"] == []
+    # 3 GPUs, but Llama 8B's 32 heads split over 2 at most of them.
+    assert flag(allowed, "--tensor-parallel-size") == "2"
+    assert allowed["reasons"]["--tensor-parallel-size"] == (
+        "2: lowered from vllm_tensor_parallel_size=4, this host has 3 GPUs (vllm_allow_downgrade)"
+    )
+    assert allowed["warnings"] == ["downgraded after the GPU change: tensor parallel size 4 -> 2"]
+
+
+@pytest.mark.parametrize(
+    ("previous", "count", "p2p"),
+    [
+        (None, 1, None),  # first deployment: nothing to lose
+        ({"tensor_parallel_size": 2, "nccl_p2p_disable": False}, 2, None),  # same shape
+        ({"tensor_parallel_size": 2, "nccl_p2p_disable": True}, 2, BROKEN),  # P2P was already off
+        ({"tensor_parallel_size": 2, "nccl_p2p_disable": False}, 4, None),  # more GPUs is no downgrade
+    ],
+)
+def test_no_downgrade_no_error(previous, count, p2p):
+    facts = swapped(count, previous, **({"gpu_p2p": {"decisions": p2p}} if p2p else {}))
+    assert plan(settings(), facts, LLAMA_8B)["errors"] == []
+
+
+@pytest.mark.parametrize(
+    ("gpus_", "heads", "size"), [(8, 32, 8), (3, 32, 2), (6, 28, 4), (5, 40, 5), (1, 32, 1), (0, 32, 1), (3, None, 3)]
+)
+def test_largest_fitting_tp(gpus_, heads, size):
+    assert largest_fitting_tp(gpus_, heads) == size

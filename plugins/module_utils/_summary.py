@@ -1,0 +1,116 @@
+# Copyright (c) gpubox.inference contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Private: the closing summary of site.yml, in words: what was found, what was decided and why, the result.
+
+Pure function, data in and lines out, no Ansible imports. Every part is optional, so
+a run limited by tags (or a host without GPUs, a model or a proxy) still gets the
+lines that apply to it.
+"""
+
+from __future__ import annotations
+
+SETTINGS_SHOWN = (
+    "--tensor-parallel-size",
+    "--disable-custom-all-reduce",
+    "--max-model-len",
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_LEVEL",
+)
+
+
+def _gpu_lines(gpu: dict) -> list[str]:
+    if not gpu:
+        return []
+    if not gpu.get("present"):
+        return [f"GPUs: none ({gpu.get('reason') or 'not found'})"]
+    names: dict[str, int] = {}
+    for device in gpu.get("devices") or []:
+        names[device.get("name") or "GPU"] = names.get(device.get("name") or "GPU", 0) + 1
+    listed = ", ".join(f"{count} x {name}" for name, count in names.items()) or f"{gpu.get('count')} GPUs"
+    if gpu.get("changed_since_stored"):
+        state = f"CHANGED since the last deploy: {gpu.get('change_summary')}"
+    elif gpu.get("fingerprint_stored"):
+        state = "unchanged since the last deploy"
+    else:
+        state = "first deploy on this GPU set"
+    return [f"GPUs: {listed} (driver {gpu.get('driver_version')}), fingerprint {str(gpu.get('fingerprint'))[:12]}; {state}"]
+
+
+def _p2p_lines(p2p: dict) -> list[str]:
+    if not p2p or not p2p.get("pairs"):
+        return []
+    bandwidth = (p2p.get("matrices") or {}).get("unidirectional_p2p_enabled") or []
+    parts = []
+    for pair, result in sorted(p2p["pairs"].items()):
+        i, j = (int(index) for index in pair.split("-"))
+        value = bandwidth[i][j] if i < len(bandwidth) and j < len(bandwidth[i]) else None
+        text = f"GPU{i}->GPU{j} {result.get('status')}"
+        if value is not None and result.get("status") != "broken":
+            text += f" {value:.1f} GB/s"
+            if result.get("ratio_to_limit") is not None:
+                text += f" ({result['ratio_to_limit']:.2f} of the link)"
+        parts.append(text)
+    how = "from the cache (same GPUs)" if p2p.get("cached") else p2p.get("source", "measured")
+    return [f"P2P, {how}: " + "; ".join(parts)]
+
+
+def _preflight_lines(preflight: dict) -> list[str]:
+    if not preflight or "verdict" not in preflight:
+        return []
+    line = f"Preflight: {preflight['verdict']}"
+    if preflight.get("group"):
+        line += f", tensor-parallel group {', '.join(preflight['group'])}"
+    failures, warnings = preflight.get("failures") or [], preflight.get("warnings") or []
+    if failures:
+        line += f"; {len(failures)} failure(s): {failures[0]}"
+    if warnings:
+        line += f"; {len(warnings)} warning(s): {warnings[0]}"
+    return [line]
+
+
+def _vllm_lines(vllm: dict) -> list[str]:
+    if not vllm:
+        return []
+    lines = [f"Model: {vllm.get('served_model_name')} ({vllm.get('model')}), tensor parallel {vllm.get('tensor_parallel_size')}"]
+    reasons = vllm.get("reasons") or {}
+    env = vllm.get("env") or {}
+    decided = []
+    for key in SETTINGS_SHOWN:
+        if key in reasons:
+            value = env.get(key) if key in env else ""
+            decided.append(f"{key}{'=' + value if value else ''} ({reasons[key]})")
+    if decided:
+        lines.append("Decided: " + "; ".join(decided))
+    if vllm.get("swapped"):
+        lines.append("GPU swap handled: P2P re-measured, vLLM's P2P cache cleared, the vLLM container recreated")
+    lines += [f"Warning: {warning}" for warning in vllm.get("warnings") or []]
+    return lines
+
+
+def _smoke_lines(smoke: dict) -> list[str]:
+    if not smoke or "succeeded" not in smoke:
+        return []
+    ttft = (smoke.get("ttft_ms") or {}).get("p50")
+    rate = smoke.get("output_tokens_per_s")
+    return [
+        f"Smoke test: {smoke['succeeded']}/{smoke['requests']} streams OK, "
+        f"TTFT p50 {ttft:.1f} ms, {rate:.0f} tok/s, {smoke['buffering']['verdict']}"
+        if ttft is not None and rate is not None
+        else f"Smoke test: {smoke['succeeded']}/{smoke['requests']} streams OK"
+    ]
+
+
+def summary(host: str, parts: dict) -> list[str]:
+    """Lines for one host. ``parts``: gpu, gpu_p2p, preflight, vllm, endpoint, smoke (each optional)."""
+    lines = [f"{host}:"]
+    lines += _gpu_lines(parts.get("gpu") or {})
+    lines += _preflight_lines(parts.get("preflight") or {})
+    lines += _p2p_lines(parts.get("gpu_p2p") or {})
+    lines += _vllm_lines(parts.get("vllm") or {})
+    endpoint = parts.get("endpoint") or {}
+    if endpoint.get("url"):
+        lines.append(f"Endpoint: {endpoint['url']} (OpenAI-compatible; {endpoint.get('auth', 'API key required')})")
+    lines += _smoke_lines(parts.get("smoke") or {})
+    if len(lines) == 1:
+        lines.append("nothing deployed in this run (check the tags and vllm_model / nginx_proxy_api_keys)")
+    return lines

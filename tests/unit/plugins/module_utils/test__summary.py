@@ -1,0 +1,90 @@
+"""_summary.summary: site.yml's closing lines from what the run found, decided and measured."""
+
+from __future__ import annotations
+
+from ansible_collections.gpubox.inference.plugins.module_utils._summary import summary
+
+GPU = {
+    "present": True,
+    "count": 2,
+    "driver_version": "595.71.05",
+    "devices": [{"name": "NVIDIA GeForce RTX 3090"}, {"name": "NVIDIA GeForce RTX 3090"}],
+    "fingerprint": "3f0c1a2b3c4d5e6f",
+    "fingerprint_stored": "3f0c1a2b3c4d5e6f",
+    "changed_since_stored": False,
+}
+P2P = {
+    "source": "measured",
+    "cached": False,
+    "matrices": {"unidirectional_p2p_enabled": [[None, 25.13], [1.02, None]]},
+    "pairs": {
+        "0-1": {"status": "ok", "ratio_to_limit": 0.79},
+        "1-0": {"status": "broken", "ratio_to_limit": None},
+    },
+}
+VLLM = {
+    "model": "Qwen/Qwen2.5-7B-Instruct",
+    "served_model_name": "qwen",
+    "tensor_parallel_size": 2,
+    "env": {"NCCL_P2P_DISABLE": "1"},
+    "reasons": {
+        "--tensor-parallel-size": "2: the GPUs the preflight allows",
+        "NCCL_P2P_DISABLE": "GPU1-GPU0 P2P copies lose or corrupt data",
+        "VLLM_WORKER_MULTIPROC_METHOD": "not shown",
+    },
+    "warnings": ["something to know"],
+    "swapped": False,
+}
+SMOKE = {
+    "requests": 4,
+    "succeeded": 4,
+    "ttft_ms": {"p50": 23.14},
+    "output_tokens_per_s": 511.6,
+    "buffering": {"verdict": "streaming"},
+}
+
+
+def test_everything_found_decided_and_measured():
+    parts = {"gpu": GPU, "gpu_p2p": P2P, "preflight": {"verdict": "ok", "group": ["GPU0", "GPU1"]}, "vllm": VLLM}
+    parts |= {"endpoint": {"url": "https://gpu-box:443/v1"}, "smoke": SMOKE}
+    assert summary("gpu-box", parts) == [
+        "gpu-box:",
+        "GPUs: 2 x NVIDIA GeForce RTX 3090 (driver 595.71.05), fingerprint 3f0c1a2b3c4d; unchanged since the last deploy",
+        "Preflight: ok, tensor-parallel group GPU0, GPU1",
+        "P2P, measured: GPU0->GPU1 ok 25.1 GB/s (0.79 of the link); GPU1->GPU0 broken",
+        "Model: qwen (Qwen/Qwen2.5-7B-Instruct), tensor parallel 2",
+        "Decided: --tensor-parallel-size (2: the GPUs the preflight allows); "
+        "NCCL_P2P_DISABLE=1 (GPU1-GPU0 P2P copies lose or corrupt data)",
+        "Warning: something to know",
+        "Endpoint: https://gpu-box:443/v1 (OpenAI-compatible; API key required)",
+        "Smoke test: 4/4 streams OK, TTFT p50 23.1 ms, 512 tok/s, streaming",
+    ]
+
+
+def test_a_swap_is_said_in_words():
+    gpu = {**GPU, "changed_since_stored": True, "change_summary": "GPU at 0000:41:00.0 replaced"}
+    lines = summary("box", {"gpu": gpu, "gpu_p2p": {**P2P, "cached": True}, "vllm": {**VLLM, "swapped": True}})
+    assert "CHANGED since the last deploy: GPU at 0000:41:00.0 replaced" in lines[1]
+    assert lines[2].startswith("P2P, from the cache (same GPUs): ")
+    assert "GPU swap handled: P2P re-measured, vLLM's P2P cache cleared, the vLLM container recreated" in lines
+
+
+def test_first_deploy_and_no_gpu():
+    assert summary("a", {"gpu": {**GPU, "fingerprint_stored": None}})[1].endswith("first deploy on this GPU set")
+    assert summary("b", {"gpu": {"present": False, "reason": "no NVIDIA driver"}})[1] == "GPUs: none (no NVIDIA driver)"
+
+
+def test_preflight_failures_and_warnings_lead_with_the_first():
+    preflight = {"verdict": "hang", "failures": ["GPU1 sits behind the chipset", "x"], "warnings": ["x4 link"]}
+    assert summary("h", {"preflight": preflight})[1] == (
+        "Preflight: hang; 2 failure(s): GPU1 sits behind the chipset; 1 warning(s): x4 link"
+    )
+
+
+def test_a_run_that_deployed_nothing_says_so():
+    assert summary("h", {}) == ["h:", "nothing deployed in this run (check the tags and vllm_model / nginx_proxy_api_keys)"]
+
+
+def test_smoke_without_numbers():
+    smoke = {"requests": 4, "succeeded": 0, "ttft_ms": {"p50": None}, "output_tokens_per_s": None, "buffering": {}}
+    assert summary("h", {"smoke": smoke})[1] == "Smoke test: 0/4 streams OK"
