@@ -54,8 +54,15 @@ sanity: setup
 unit: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest tests/unit
 
+# The box's Docker starts empty each run (its /var/lib/docker is a named volume); the
+# vLLM image comes in from the archive, as on a box without a registry.
 molecule: setup
-	PATH="$(TEST_VENV)/bin:$$PATH" PY_COLORS=0 ANSIBLE_FORCE_COLOR=0 NO_COLOR=1 GPUBOX_TEST_IMAGE="$$(scripts/test-image.sh)" molecule test --all
+	docker volume rm --force gpubox-molecule-docker >/dev/null 2>&1 || true
+	PATH="$(TEST_VENV)/bin:$$PATH" PY_COLORS=0 ANSIBLE_FORCE_COLOR=0 NO_COLOR=1 \
+	  GPUBOX_TEST_IMAGE="$$(scripts/test-image.sh)" \
+	  GPUBOX_VLLM_ARCHIVE="$$(scripts/vllm-test-image.sh --archive)" \
+	  GPUBOX_VLLM_TAG="$$(scripts/vllm-test-image.sh --name | cut -d: -f2)" \
+	  molecule test --all
 
 ## Benchmarks print numbers (README: Benchmarks); they are not part of make test.
 bench: setup

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Debian packages that `make test` uses on the machine running the tests:
 # ShellCheck for ansible-test sanity, debootstrap for the Molecule test image, git, and
-# Nginx and OpenSSL for the proxy tests (a real Nginx runs the rendered site).
-# Installs only what is missing.
+# Nginx and OpenSSL for the proxy tests (a real Nginx runs the rendered site), and a C
+# compiler for the stand-in libcuda (tests/unit/fakes/libcuda.c). Installs only what is missing.
 set -euo pipefail
 
 missing=()
-for pair in shellcheck:shellcheck debootstrap:debootstrap git:git nginx:nginx openssl:openssl; do
+for pair in shellcheck:shellcheck debootstrap:debootstrap git:git nginx:nginx openssl:openssl gcc:gcc; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
+[ -f /usr/include/stdio.h ] || missing+=(libc6-dev)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "[host-tools] installing ${missing[*]}"
   apt-get update -qq

@@ -2,8 +2,10 @@
 # Build the image that runs a real vLLM (CPU build) with a tiny local model, for the
 # vLLM role's end-to-end test, unless an image with the same tag is there. The tag is
 # a hash of tests/vllm-image/ and the base image, so a second run reuses it.
-# Usage: vllm-test-image.sh           build if missing, print the image name
-#        vllm-test-image.sh --name    print the image name only
+# Usage: vllm-test-image.sh            build if missing, print the image name
+#        vllm-test-image.sh --name     print the image name only
+#        vllm-test-image.sh --archive  build if missing, `docker save` it once into the
+#                                      cache, print the archive's path (Molecule's box loads it)
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +20,19 @@ if [ "${1:-}" = --name ]; then
   exit 0
 fi
 log() { printf '[vllm-test-image] %s\n' "$*" >&2; }
+cache=${GPUBOX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpubox-inference}
+if [ "${1:-}" = --archive ]; then
+  "$0" >/dev/null
+  archive="$cache/$REPO-$TAG.tar"
+  if [ ! -f "$archive" ]; then
+    log "saving $IMAGE to $archive"
+    rm -f "$cache/$REPO"-*.tar "$cache/$REPO"-*.tar.partial
+    docker save --output "$archive.partial" "$IMAGE"
+    mv "$archive.partial" "$archive"
+  fi
+  echo "$archive"
+  exit 0
+fi
 if docker image inspect "$IMAGE" >/dev/null 2>&1; then
   log "reusing $IMAGE"
   echo "$IMAGE"
@@ -25,7 +40,6 @@ if docker image inspect "$IMAGE" >/dev/null 2>&1; then
 fi
 
 "$top/scripts/test-image.sh" >/dev/null
-cache=${GPUBOX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpubox-inference}
 wheelhouse="$cache/vllm-wheelhouse-$(grep -v "^#" "$context_src/requirements.txt" | sha256sum | cut -c1-12)"
 if [ ! -f "$wheelhouse/.complete" ]; then
   log "downloading wheels into $wheelhouse"

@@ -9,6 +9,8 @@ lines that apply to it.
 
 from __future__ import annotations
 
+from ansible_collections.gpubox.inference.plugins.module_utils._preflight import VERDICT_WORDS
+
 SETTINGS_SHOWN = (
     "--tensor-parallel-size",
     "--disable-custom-all-reduce",
@@ -57,7 +59,8 @@ def _p2p_lines(p2p: dict) -> list[str]:
 def _preflight_lines(preflight: dict) -> list[str]:
     if not preflight or "verdict" not in preflight:
         return []
-    line = f"Preflight: {preflight['verdict']}"
+    verdict = preflight["verdict"]
+    line = f"Preflight: {VERDICT_WORDS.get(verdict, verdict.replace('_', ' '))}"
     if preflight.get("group"):
         line += f", tensor-parallel group {', '.join(preflight['group'])}"
     failures, warnings = preflight.get("failures") or [], preflight.get("warnings") or []

@@ -128,6 +128,13 @@ def paced_upstream(events: int, gap: float):
         await writer.drain()
         writer.close()
 
+    with asyncio_server(handle) as port:
+        yield port
+
+
+@contextmanager
+def asyncio_server(handle):
+    """Serve ``handle(reader, writer)`` on a free loopback port from a thread; yields the port."""
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]

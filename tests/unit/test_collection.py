@@ -80,3 +80,42 @@ def test_built_tarball_has_no_test_or_cache_files(tmp_path: Path):
 def test_playbooks_pass_syntax_check(playbook: str):
     result = ansible("ansible-playbook", "--syntax-check", f"playbooks/{playbook}")
     assert result.returncode == 0, result.stderr
+
+
+ROLE_ENTRY_POINTS = sorted(
+    (role.name, entry)
+    for role in (ROOT / "roles").iterdir()
+    for entry in (yaml.safe_load((role / "meta" / "argument_specs.yml").read_text()) or {})["argument_specs"]
+)
+FILTERS = sorted(p.stem for p in (ROOT / "plugins" / "filter").glob("*.yml"))
+
+
+@pytest.mark.parametrize(("role", "entry"), ROLE_ENTRY_POINTS, ids=lambda v: v if isinstance(v, str) else None)
+def test_ansible_doc_renders_each_role_entry_point(role: str, entry: str):
+    result = ansible("ansible-doc", "--type", "role", "--entry-point", entry, f"gpubox.inference.{role}")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.replace("\x1b[1m", "").replace("\x1b[0m", "").replace("*", "")
+    assert f"ENTRY POINT: {entry} - " in text
+    assert "Options" in text
+
+
+def test_every_role_has_its_main_entry_point_and_the_vllm_plan():
+    assert {role for role, entry in ROLE_ENTRY_POINTS if entry == "main"} == {p.name for p in (ROOT / "roles").iterdir()}
+    assert ("vllm", "plan") in ROLE_ENTRY_POINTS
+
+
+@pytest.mark.parametrize("name", FILTERS)
+def test_ansible_doc_renders_each_filter(name: str):
+    result = ansible("ansible-doc", "--json", "--type", "filter", f"gpubox.inference.{name}")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)[f"gpubox.inference.{name}"]
+    assert doc["doc"]["short_description"]
+    assert doc["examples"].strip()
+    assert doc["return"]
+
+
+def test_site_yml_has_a_tag_per_phase_in_order():
+    result = ansible("ansible-playbook", "-i", "inventory/hosts.yml", "site.yml", "--list-tags")
+    assert result.returncode == 0, result.stderr
+    plays = [line.split("TAGS: [")[1].rstrip("]") for line in result.stdout.splitlines() if "\tTAGS: [" in line]
+    assert plays == ["base", "always", "preflight", "vllm", "docker", "toolkit", "vllm", "proxy", "smoke", "always"]

@@ -45,12 +45,12 @@ SMOKE = {
 
 
 def test_everything_found_decided_and_measured():
-    parts = {"gpu": GPU, "gpu_p2p": P2P, "preflight": {"verdict": "ok", "group": ["GPU0", "GPU1"]}, "vllm": VLLM}
+    parts = {"gpu": GPU, "gpu_p2p": P2P, "preflight": {"verdict": "fit", "group": ["GPU0", "GPU1"]}, "vllm": VLLM}
     parts |= {"endpoint": {"url": "https://gpu-box:443/v1"}, "smoke": SMOKE}
     assert summary("gpu-box", parts) == [
         "gpu-box:",
         "GPUs: 2 x NVIDIA GeForce RTX 3090 (driver 595.71.05), fingerprint 3f0c1a2b3c4d; unchanged since the last deploy",
-        "Preflight: ok, tensor-parallel group GPU0, GPU1",
+        "Preflight: fit for tensor parallelism, tensor-parallel group GPU0, GPU1",
         "P2P, measured: GPU0->GPU1 ok 25.1 GB/s (0.79 of the link); GPU1->GPU0 broken",
         "Model: qwen (Qwen/Qwen2.5-7B-Instruct), tensor parallel 2",
         "Decided: --tensor-parallel-size (2: the GPUs the preflight allows); "
@@ -77,8 +77,12 @@ def test_first_deploy_and_no_gpu():
 def test_preflight_failures_and_warnings_lead_with_the_first():
     preflight = {"verdict": "hang", "failures": ["GPU1 sits behind the chipset", "x"], "warnings": ["x4 link"]}
     assert summary("h", {"preflight": preflight})[1] == (
-        "Preflight: hang; 2 failure(s): GPU1 sits behind the chipset; 1 warning(s): x4 link"
+        "Preflight: will hang or corrupt; 2 failure(s): GPU1 sits behind the chipset; 1 warning(s): x4 link"
     )
+
+
+def test_a_single_gpu_verdict_in_words():
+    assert summary("h", {"preflight": {"verdict": "single_gpu"}})[1] == "Preflight: single gpu"
 
 
 def test_a_run_that_deployed_nothing_says_so():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_module
-from nginx_server import CLIENT_KEY, nginx
+from nginx_server import CLIENT_KEY, asyncio_server, nginx
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
 
@@ -51,8 +51,6 @@ def test_through_the_projects_nginx_is_not_buffered(vllm_server, tmp_path: Path)
 def test_a_buffering_proxy_is_detected(vllm_server):
     """The detector must detect: a proxy that holds the whole response, then sends it (what buffering is)."""
     import asyncio
-    import socket
-    import threading
 
     async def handle(reader, writer):
         head = await reader.readuntil(b"\r\n\r\n")
@@ -66,18 +64,8 @@ def test_a_buffering_proxy_is_detected(vllm_server):
         writer.close()
         up_writer.close()
 
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", port))
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
+    with asyncio_server(handle) as port:
         summary = probe(f"http://127.0.0.1:{port}/v1", CLIENT_KEY)["probe"]
-    finally:
-        loop.call_soon_threadsafe(server.close)
-        loop.call_soon_threadsafe(loop.stop)
     assert summary["succeeded"] == 8
     assert summary["buffering"]["verdict"] == "buffered"
     assert summary["buffering"]["buffered_streams"] == 8

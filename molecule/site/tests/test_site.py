@@ -1,4 +1,8 @@
-"""What a converged Debian 12 GPU box (without a GPU) must look like, checked with testinfra."""
+"""What site.yml must leave on a Debian 12 box (stand-in GPUs, the real vLLM CPU build), checked with testinfra.
+
+After converge and idempotence, side_effect.yml swaps a GPU and re-provisions with
+JSON output; the tests at the end read that run.
+"""
 
 from __future__ import annotations
 
@@ -168,8 +172,102 @@ def test_nginx_answers_json_and_hides_its_version(host):
     assert no_key["status"] == 401
     assert no_key["headers"]["Server"] == "nginx"
     assert json.loads(no_key["body"])["error"]["code"] == "invalid_api_key"
-    # No vLLM on the test host: the proxy says so in JSON, not an HTML page.
-    no_upstream = fetch(host, {"Authorization": "Bearer molecule-key-0123456789abcdef"})
-    assert no_upstream["status"] == 502
-    assert no_upstream["headers"]["Content-Type"] == "application/json"
-    assert json.loads(no_upstream["body"])["error"]["code"] == "bad_gateway"
+    models = fetch(host, {"Authorization": "Bearer molecule-key-0123456789abcdef"})
+    assert models["status"] == 200, models
+    assert [m["id"] for m in json.loads(models["body"])["data"]] == ["tiny"]
+
+
+# ------------------------------------------------------------ vllm
+
+
+def test_vllm_is_loopback_only_and_runs_the_loaded_image(host):
+    assert host.socket("tcp://127.0.0.1:8000").is_listening
+    assert not host.socket("tcp://0.0.0.0:8000").is_listening
+    image = host.check_output("docker compose --project-name gpubox-vllm images --format json")
+    assert "gpubox-vllm-cpu" in image
+    compose = host.file("/opt/gpubox/vllm/compose.yaml").content_string
+    assert "--tensor-parallel-size: 1: the CPU backend" in compose
+    assert host.file("/opt/gpubox/vllm/vllm.env").mode == 0o600
+
+
+def test_local_facts_record_the_deployment_and_the_endpoint(host):
+    deployed = json.loads(host.file("/etc/ansible/facts.d/gpubox_vllm.fact").content_string)
+    assert deployed["served_model_name"] == "tiny"
+    assert deployed["url"] == "http://127.0.0.1:8000/v1"
+    assert deployed["tensor_parallel_size"] == 1
+    proxy = json.loads(host.file("/etc/ansible/facts.d/gpubox_proxy.fact").content_string)
+    assert proxy["local_url"] == "http://127.0.0.1:80/v1"
+
+
+# ------------------------------------------------------------ the GPU swap (side_effect.yml)
+
+SWAPPED_UUID = "GPU-3090cccc-0000-0000-0000-000000000000"
+
+
+def swap_run() -> dict:
+    return json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "swap-run.json").read_text())
+
+
+def changed_tasks(run: dict) -> set[str]:
+    """The tasks that changed something on the box, by name without the role prefix."""
+    names = set()
+    for play in run["plays"]:
+        for task in play["tasks"]:
+            for result in task["hosts"].values():
+                if result.get("changed"):
+                    names.add(task["task"]["name"].split(" : ")[-1])
+    return names
+
+
+def debug_lines(run: dict, task_name: str) -> list[str]:
+    for play in run["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"].split(" : ")[-1] == task_name:
+                return [line for result in task["hosts"].values() for line in result.get("msg") or []]
+    raise AssertionError(f"no task named {task_name!r} ran")
+
+
+def test_exactly_the_swap_path_ran():
+    run = swap_run()
+    assert run["stats"]["gpubox-debian12"]["failures"] == 0
+    assert changed_tasks(run) == {
+        "Remove vLLM's P2P access cache for the old GPUs",
+        "Start the Compose project",
+        "Remember the GPU set this deployment is for",
+        "Remember what was deployed, for the next run's comparison",
+    }
+
+
+def test_the_swap_recreated_vllm_and_left_the_rest_running(host):
+    before = json.loads(host.file("/var/tmp/gpubox-before-swap.json").content_string)
+    assert before["vllm"]
+    assert host.check_output("docker compose --project-name gpubox-vllm ps --quiet vllm") != before["vllm"]
+    assert host.check_output("systemctl show nginx --property MainPID --value") == before["nginx"]
+    assert host.check_output("systemctl show docker --property MainPID --value") == before["docker"]
+
+
+def test_the_swap_cleared_vllms_p2p_cache_and_kept_the_model_cache(host):
+    assert not host.file("/var/lib/gpubox/vllm-cache/gpu_p2p_access_cache_for_0,1.json").exists
+    assert host.file("/var/lib/gpubox/huggingface/keep-me").content_string == "model cache\n"
+
+
+def test_the_new_gpu_set_is_stored(host):
+    record = json.loads(host.file("/etc/ansible/facts.d/gpubox_gpu.fact").content_string)
+    assert SWAPPED_UUID in json.dumps(record)
+    deployed = json.loads(host.file("/etc/ansible/facts.d/gpubox_vllm.fact").content_string)
+    assert deployed["fingerprint"] == record["fingerprint"]
+
+
+def test_the_summary_says_what_changed_and_what_was_measured():
+    lines = debug_lines(swap_run(), "Say what was found, what was decided and why, and what was measured")
+    text = "\n".join(lines)
+    assert lines[0] == "gpubox-debian12:"
+    assert "GPUs: 2 x NVIDIA GeForce RTX 3090 (driver 595.71.05)" in text
+    assert "CHANGED since the last deploy" in text
+    assert "replaced" in text
+    assert "P2P, measured: GPU0->GPU1 ok" in text  # measured again, not from the cache
+    assert "GPU swap handled: P2P re-measured, vLLM's P2P cache cleared, the vLLM container recreated" in text
+    assert "Model: tiny (/srv/models/tiny-chat), tensor parallel 1" in text
+    assert "Endpoint: http://" in text
+    assert "Smoke test: 4/4 streams OK" in text
+    assert text.rstrip().endswith("streaming")
