@@ -8,7 +8,8 @@ the same image, which has both). The load generator is gpubox.inference's probe
 path, the ratios to direct, the number of rounds and their spread; then cross-checks
 the probe with `vllm bench serve` on the direct path. Asserts nothing.
 
-Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default)
+Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default; UDS=1 adds a fourth path:
+       the same Nginx site in front of a second, identical vLLM listening on a Unix socket)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / ".collections"))
 from ansible_collections.gpubox.inference.plugins.module_utils._probe import run  # noqa: E402
 
-VLLM_PORT, NGINX_PORT, FASTAPI_PORT = 18300, 18301, 18302
+VLLM_PORT, NGINX_PORT, FASTAPI_PORT, NGINX_UDS_PORT = 18300, 18301, 18302, 18303
 KEY = "bench-key-0123456789abcdef"
 PROMPT_TOKENS, MAX_TOKENS = 200, 128
 # Requests per run: at least 24, and 6 per concurrent stream, so one run lasts seconds, not a fraction of one.
@@ -70,14 +71,15 @@ def wait(url: str, seconds: int = 180) -> None:
     raise SystemExit(f"{url} did not answer within {seconds} s")
 
 
-def nginx_site(work: Path) -> subprocess.Popen:
+def nginx_site(work: Path, upstream: str, port: int) -> subprocess.Popen:
+    work.mkdir(parents=True, exist_ok=True)
     variables = {
         "ansible_python_interpreter": sys.executable,
         "nginx_proxy_site_path": str(work / "site.conf"),
         "nginx_proxy_log_dir": str(work),
-        "nginx_proxy_upstreams": [f"127.0.0.1:{VLLM_PORT}"],
+        "nginx_proxy_upstreams": [upstream],
         "nginx_proxy_api_keys": [{"name": "bench", "key": KEY}],
-        "nginx_proxy_http_port": NGINX_PORT,
+        "nginx_proxy_http_port": port,
         "nginx_proxy_listen_ipv6": False,
         "nginx_proxy_rate_per_key": "10000r/s",
         "nginx_proxy_burst_per_key": 10000,
@@ -114,25 +116,49 @@ def main() -> None:
     rounds = int(os.environ.get("ROUNDS", "7"))
     levels = [int(c) for c in os.environ.get("CONCURRENCY", "1,10,50").split(",")]
     image = sh(str(ROOT / "scripts" / "vllm-test-image.sh"))
-    names = {"vllm": "gpubox-bench-vllm", "fastapi": "gpubox-bench-fastapi"}
+    names = {"vllm": "gpubox-bench-vllm", "fastapi": "gpubox-bench-fastapi", "uds": "gpubox-bench-vllm-uds"}
+    uds = os.environ.get("UDS") == "1"
     for name in names.values():
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
     work = Path(tempfile.mkdtemp(prefix="gpubox-bench-"))
-    nginx = None
+    nginxes = []
+    server = ["--model", "/models/tiny-chat", "--served-model-name", "tiny", "--dtype", "bfloat16", "--enforce-eager",
+              "--distributed-executor-backend", "uni", "--max-model-len", "512"]  # fmt: skip
     try:
-        sh("docker", "run", "-d", "--name", names["vllm"], "--network", "host", image, "--model", "/models/tiny-chat",
-           "--served-model-name", "tiny", "--dtype", "bfloat16", "--enforce-eager", "--distributed-executor-backend", "uni",
-           "--max-model-len", "512", "--host", "127.0.0.1", "--port", str(VLLM_PORT))  # fmt: skip
+        sh("docker", "run", "-d", "--name", names["vllm"], "--network", "host", image, *server,
+           "--host", "127.0.0.1", "--port", str(VLLM_PORT))  # fmt: skip
         sh("docker", "run", "-d", "--name", names["fastapi"], "--network", "host", "--entrypoint", "python3", image,
            "-c", FASTAPI_PROXY)  # fmt: skip
-        nginx = nginx_site(work)
+        nginxes.append(nginx_site(work / "tcp", f"127.0.0.1:{VLLM_PORT}", NGINX_PORT))
         wait(f"http://127.0.0.1:{VLLM_PORT}/v1/models")
-        time.sleep(2)
         paths = {
             "direct": (f"http://127.0.0.1:{VLLM_PORT}/v1", None),
             "nginx (gpubox)": (f"http://127.0.0.1:{NGINX_PORT}/v1", KEY),
             "fastapi+httpx": (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None),
         }
+        if uds:
+            # A second, identical server on a Unix socket behind the same site: the hop from Nginx to
+            # vLLM without loopback TCP. The socket is opened to Nginx's unprivileged workers.
+            sockets = work / "sockets"
+            sockets.mkdir()
+            work.chmod(0o711)  # Nginx's workers must reach the socket
+            sockets.chmod(0o755)
+            sh("docker", "run", "-d", "--name", names["uds"], "--network", "none", "-v", f"{sockets}:/sock", image,
+               *server, "--uds", "/sock/vllm.sock")  # fmt: skip
+            for _second in range(180):
+                if (sockets / "vllm.sock").exists():
+                    break
+                time.sleep(1)
+            sh("docker", "exec", names["uds"], "chmod", "0666", "/sock/vllm.sock")
+            nginxes.append(nginx_site(work / "uds", f"unix:{sockets}/vllm.sock", NGINX_UDS_PORT))
+            paths["nginx (unix sock)"] = (f"http://127.0.0.1:{NGINX_UDS_PORT}/v1", KEY)
+            for _second in range(180):
+                if probe(paths["nginx (unix sock)"][0], 1, KEY)["succeeded"]:
+                    break
+                time.sleep(1)
+            else:
+                raise SystemExit(f"Nginx never reached vLLM on {sockets}/vllm.sock; see {work}/uds/error.log")
+        time.sleep(2)
         probe(paths["direct"][0], 4, None)  # warm-up
         results: dict = {}
         for _round in range(rounds):
@@ -163,7 +189,7 @@ def main() -> None:
                 )
         cross_check(names["vllm"], levels)
     finally:
-        if nginx:
+        for nginx in nginxes:
             nginx.terminate()
         for name in names.values():
             subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
