@@ -62,9 +62,11 @@ def test_vllm_stream_passes_through_the_proxy_unchanged_and_spread_out(proxy):
     def spread(events):
         return events[-2][0] - events[0][0]
 
-    # Buffering would deliver the events together at the end: no spread. Events a millisecond
-    # apart may share a read, so their count is left to the paced test below.
-    assert spread(proxied) >= 0.5 * spread(direct), (spread(proxied), spread(direct))
+    # Buffering would deliver the events together at the end: no spread at all. The streams
+    # last a tenth of a second here, so a scheduler hiccup moves either spread a lot: a
+    # quarter of the direct one is the bar. Events a millisecond apart may share a read, so
+    # their count is left to the paced test below.
+    assert spread(proxied) >= 0.25 * spread(direct), (spread(proxied), spread(direct))
 
 
 def test_each_event_is_forwarded_as_it_is_sent(tmp_path):
@@ -78,8 +80,9 @@ def test_each_event_is_forwarded_as_it_is_sent(tmp_path):
     assert events[-1][1] == "[DONE]"
     assert events[0][0] - start < 0.5  # the first event is not held back
     gaps = [later - earlier for (earlier, _a), (later, _b) in itertools.pairwise(events)]
-    # Each event arrives on its own, about 20 ms after the one before; allow a few scheduler hiccups.
-    assert sum(gap >= 0.01 for gap in gaps) >= 0.9 * len(gaps), [round(gap * 1000) for gap in gaps]
+    # Each event arrives on its own, about 20 ms after the one before (buffering makes nearly
+    # every gap zero); allow for scheduler hiccups on a busy machine.
+    assert sum(gap >= 0.01 for gap in gaps) >= 0.75 * len(gaps), [round(gap * 1000) for gap in gaps]
 
 
 def test_missing_key_is_401_json_and_vllm_never_sees_it(proxy):
