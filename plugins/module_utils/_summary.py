@@ -9,6 +9,8 @@ lines that apply to it.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ansible_collections.gpubox.inference.plugins.module_utils._preflight import VERDICT_WORDS
 
 SETTINGS_SHOWN = (
@@ -25,9 +27,7 @@ def _gpu_lines(gpu: dict) -> list[str]:
         return []
     if not gpu.get("present"):
         return [f"GPUs: none ({gpu.get('reason') or 'not found'})"]
-    names: dict[str, int] = {}
-    for device in gpu.get("devices") or []:
-        names[device.get("name") or "GPU"] = names.get(device.get("name") or "GPU", 0) + 1
+    names = Counter(device.get("name") or "GPU" for device in gpu.get("devices") or [])
     listed = ", ".join(f"{count} x {name}" for name, count in names.items()) or f"{gpu.get('count')} GPUs"
     if gpu.get("changed_since_stored"):
         state = f"CHANGED since the last deploy: {gpu.get('change_summary')}"

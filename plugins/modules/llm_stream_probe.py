@@ -153,7 +153,7 @@ def main() -> None:
         module.fail_json(msg=f"shared_prefix_tokens={params['shared_prefix_tokens']} must be between 0 and prompt_tokens")
     if not params["url"].startswith(("http://", "https://")):
         module.fail_json(msg=f"url={params['url']!r} must start with http:// or https://")
-    summary = run({**params, "requests": params["requests"]})
+    summary = run(params)
     label = f"c={params['concurrency']} {params['url']}"
     module.exit_json(changed=False, probe=summary, table=table(label, summary))
 
