@@ -151,6 +151,25 @@ def test_nginx_config_checks_and_listens(host):
     assert (site.user, site.mode) == ("root", 0o640)
 
 
+WORKERS = """
+import glob
+titles = []
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        titles.append(open(path, "rb").read().split(b"\\0")[0])
+    except OSError:  # the process ended meanwhile
+        pass
+print(titles.count(b"nginx: worker process"))
+"""
+
+
+def test_nginx_runs_the_roles_number_of_workers(host):
+    # nginx_proxy_worker_processes: 1 by default, in the main configuration; the reload applied it.
+    main = host.file("/etc/nginx/nginx.conf").content_string
+    assert [line for line in main.splitlines() if line.startswith("worker_processes")] == ["worker_processes 1;"]
+    assert host.check_output(f"python3 -c {shlex.quote(WORKERS)}") == "1"
+
+
 FETCH = """
 import json, sys, urllib.error, urllib.request
 request = urllib.request.Request("http://127.0.0.1/v1/models", headers=json.loads(sys.argv[1]))

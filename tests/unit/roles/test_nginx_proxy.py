@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from conftest import run_ansible
 from nginx_server import BODY, CLIENT_KEY, event_times, nginx, paced_upstream, post
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
@@ -223,3 +224,47 @@ def test_tls_redirect_handshake_and_protocol_floor(vllm_server, tmp_path):
         with socket.create_connection(("127.0.0.1", 18443)) as raw, tls12.wrap_socket(raw) as wrapped:
             assert wrapped.version() == "TLSv1.2"
         assert "ssl_protocols TLSv1.2 TLSv1.3;" in site
+
+
+def run_role_checked(tmp_path, **variables) -> subprocess.CompletedProcess:
+    """The whole role on this machine in check mode: its input checks come before any task that changes the host."""
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "roles": ["gpubox.inference.nginx_proxy"]}]))
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "nginx_proxy_api_keys": [{"name": "tests", "key": CLIENT_KEY}],
+        **variables,
+    }
+    (tmp_path / "vars.json").write_text(json.dumps(extra))
+    return run_ansible(
+        "ansible-playbook", "-i", "localhost,", "-c", "local", "--check", "-e", f"@{tmp_path / 'vars.json'}", str(playbook)
+    )
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"nginx_proxy_worker_processes": 0}, 'nginx_proxy_worker_processes is "0"; it must be a number from 1'),
+        ({"nginx_proxy_worker_processes": "many"}, 'nginx_proxy_worker_processes is "many"; it must be a number'),
+        ({"nginx_proxy_worker_processes": "2; user root"}, 'nginx_proxy_worker_processes is "2; user root"'),
+        ({"nginx_proxy_upstreams": []}, "nginx_proxy_upstreams must list at least one host:port (0 given)"),
+        ({"nginx_proxy_api_keys": [{"name": "short", "key": "tooshort"}]}, "keys of at least 16 characters"),
+    ],
+    ids=["zero-workers", "word-workers", "injected-workers", "no-upstream", "short-key"],
+)
+def test_bad_input_is_refused_before_anything_changes(tmp_path, variables, message):
+    result = run_role_checked(tmp_path, **variables)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    assert message in " ".join(out.split()), out[-3000:]
+    assert "Install Nginx" not in out, "a changing task ran after the check failed"
+    assert "tooshort" not in out
+
+
+@pytest.mark.parametrize("workers", [1, "4", "auto", None])
+def test_good_worker_counts_pass_the_checks(tmp_path, workers):
+    result = run_role_checked(tmp_path, nginx_proxy_worker_processes=workers)
+    out = result.stdout + result.stderr
+    assert "Check the number of Nginx worker processes" in out
+    assert "it must be a number" not in out
+    assert "Install Nginx" in out
