@@ -107,23 +107,58 @@ def prompt(tokens: int, shared_prefix: int, index: int) -> str:
     return " ".join(shared + own)
 
 
-async def _request(target: dict, body: bytes, timeout: float) -> dict:
-    record: dict = {"status": None, "start": time.monotonic(), "end": None, "events": [], "tokens": 0, "error": None}
-    writer = None
-    try:
+class _Connections:
+    """Idle keep-alive connections to one target, reused the way HTTP client libraries reuse them."""
+
+    def __init__(self, target: dict):
+        self.target = target
+        self.idle: list = []
+
+    async def send(self, request: bytes, timeout: float) -> tuple:
+        """Write the request and read the status line: on an idle connection when one is left open, else a new one."""
+        while self.idle:
+            reader, writer = self.idle.pop()
+            try:
+                writer.write(request)
+                await writer.drain()
+                status_line = await asyncio.wait_for(reader.readline(), timeout)
+            except ConnectionError:
+                status_line = b""
+            if status_line:
+                return reader, writer, status_line
+            writer.close()  # the server had closed it meanwhile
+        target = self.target
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(target["host"], target["port"], ssl=target["ssl"], server_hostname=target["sni"]),
             timeout,
         )
+        try:
+            writer.write(request)
+            await writer.drain()
+            return reader, writer, await asyncio.wait_for(reader.readline(), timeout)
+        except BaseException:
+            writer.close()
+            raise
+
+    def close(self) -> None:
+        for _reader, writer in self.idle:
+            writer.close()
+        self.idle = []
+
+
+async def _request(connections: _Connections, body: bytes, timeout: float) -> dict:
+    record: dict = {"status": None, "start": time.monotonic(), "end": None, "events": [], "tokens": 0, "error": None}
+    target = connections.target
+    writer = None
+    reusable = False
+    try:
         head = (
             f"POST {target['path']} HTTP/1.1\r\nHost: {target['host_header']}\r\nContent-Type: application/json\r\n"
-            f"Accept: text/event-stream\r\nAccept-Encoding: gzip\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+            f"Accept: text/event-stream\r\nAccept-Encoding: gzip\r\nContent-Length: {len(body)}\r\n"
         )
         if target["api_key"]:
             head += f"Authorization: Bearer {target['api_key']}\r\n"
-        writer.write(head.encode() + b"\r\n" + body)
-        await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), timeout)
+        reader, writer, status_line = await connections.send(head.encode() + b"\r\n" + body, timeout)
         record["status"] = int(status_line.split()[1])
         headers = {}
         while (line := await asyncio.wait_for(reader.readline(), timeout)) not in (b"\r\n", b""):
@@ -132,11 +167,12 @@ async def _request(target: dict, body: bytes, timeout: float) -> dict:
         if record["status"] != 200:
             return record
         usage = None
-        chunked = headers.get("transfer-encoding") == "chunked"
-        gzipped = headers.get("content-encoding") == "gzip"
-        async for data in _events(reader, chunked, gzipped, timeout):
+        body_end = {"complete": False}
+        events = _events(reader, headers, timeout, body_end)
+        async for data in events:
             if data == "[DONE]":
                 record["done"] = True
+                record["end"] = time.monotonic()
                 break
             payload = json.loads(data)
             if payload.get("usage"):
@@ -149,30 +185,58 @@ async def _request(target: dict, body: bytes, timeout: float) -> dict:
         record["tokens"] = usage if usage is not None else len(record["events"])
         if not record.get("done"):
             record["error"] = "stream ended without [DONE]"
-    except (TimeoutError, OSError, ValueError, IndexError) as exc:
+        else:
+            # The rest of the body (the end of the chunked encoding), so the connection can carry the next request.
+            try:
+                async for _data in events:
+                    pass
+            except (TimeoutError, OSError, ValueError, EOFError):
+                pass
+            reusable = body_end["complete"] and headers.get("connection", "").lower() != "close"
+    except (TimeoutError, OSError, ValueError, IndexError, EOFError) as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        record["end"] = time.monotonic()
+        if record["end"] is None:
+            record["end"] = time.monotonic()
         if writer is not None:
-            writer.close()
+            if reusable:
+                connections.idle.append((reader, writer))
+            else:
+                writer.close()
     return record
 
 
-async def _events(reader, chunked: bool, gzipped: bool, timeout: float):
-    """SSE ``data:`` payloads as they arrive, over a chunked or plain, gzip-encoded or plain body.
+async def _events(reader, headers: dict, timeout: float, body_end: dict):
+    """SSE ``data:`` payloads as they arrive, over a chunked, sized or close-delimited, gzip-encoded or plain body.
 
     The probe asks for gzip like common HTTP clients do, so a proxy that compresses event
-    streams (and so holds them back) shows up in the arrival times.
+    streams (and so holds them back) shows up in the arrival times. ``body_end["complete"]``
+    turns true once a chunked or sized body has been read to its end.
     """
+    chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+    left = int(headers["content-length"]) if not chunked and "content-length" in headers else None
     pending = b""
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if headers.get("content-encoding") == "gzip" else None
     while True:
         if chunked:
             size_line = await asyncio.wait_for(reader.readline(), timeout)
+            if not size_line:
+                return
             size = int(size_line.split(b";")[0].strip() or b"0", 16)
             if size == 0:
+                while (trailer := await asyncio.wait_for(reader.readline(), timeout)) not in (b"\r\n", b""):
+                    pass
+                body_end["complete"] = trailer == b"\r\n"
                 return
             piece = (await asyncio.wait_for(reader.readexactly(size + 2), timeout))[:-2]
+        elif left is not None:
+            if left == 0:
+                body_end["complete"] = True
+                return
+            piece = await asyncio.wait_for(reader.read(min(left, 65536)), timeout)
+            if not piece:
+                return
+            left -= len(piece)
         else:
             piece = await asyncio.wait_for(reader.read(65536), timeout)
             if not piece:
@@ -211,6 +275,7 @@ async def _run(settings: dict) -> tuple[list[dict], float]:
     )
     gate = asyncio.Semaphore(settings["concurrency"])
     deadline = time.monotonic() + settings["max_seconds"]
+    connections = _Connections(target)
 
     async def one(index: int) -> dict | None:
         async with gate:
@@ -225,10 +290,13 @@ async def _run(settings: dict) -> tuple[list[dict], float]:
                 body["messages"] = [{"role": "user", "content": text}]
             else:
                 body["prompt"] = text
-            return await _request(target, json.dumps(body).encode(), settings["timeout"])
+            return await _request(connections, json.dumps(body).encode(), settings["timeout"])
 
     started = time.monotonic()
-    records = await asyncio.gather(*(one(i) for i in range(settings["requests"])))
+    try:
+        records = await asyncio.gather(*(one(i) for i in range(settings["requests"])))
+    finally:
+        connections.close()
     return [r for r in records if r is not None], time.monotonic() - started
 
 

@@ -18,6 +18,8 @@ description:
   - Uses asyncio over plain HTTP/1.1 from Python's standard library, so it runs on the controller
     (delegated to localhost) or on the box with no extra package. Bounded by O(requests) and O(max_seconds).
   - Asks for gzip like common HTTP clients, so a proxy that compresses event streams shows in the arrival times.
+  - Keeps connections alive between requests, as HTTP client libraries such as the C(openai) client and C(vllm bench
+    serve) do, with at most O(concurrency) of them; a connection the server has closed is replaced without an error.
 author:
   - gpubox maintainers (@gpubox)
 extends_documentation_fragment:

@@ -60,3 +60,68 @@ def test_prompt_tokens_come_from_the_servers_usage():
     counted["prompt_tokens"] = 212
     assert summarize([counted, uncounted], wall_seconds=1)["prompt_tokens_mean"] == 212
     assert summarize([uncounted], wall_seconds=1)["prompt_tokens_mean"] is None
+
+
+# ------------------------------------------------------------ the transport, against small real servers
+
+
+def _settings(port: int, requests: int, concurrency: int) -> dict:
+    return {
+        "url": f"http://127.0.0.1:{port}/v1", "model": "m", "api_key": None, "endpoint": "chat",
+        "concurrency": concurrency, "requests": requests, "prompt_tokens": 4, "shared_prefix_tokens": 0,
+        "max_tokens": 3, "ignore_eos": False, "timeout": 10, "max_seconds": 60, "validate_certs": True, "ca_path": None,
+    }  # fmt: skip
+
+
+def _keep_alive_server(chunked: bool, opened: list):
+    """An SSE server that answers any number of requests on one connection, chunked or with a Content-Length."""
+    import asyncio
+    import json
+
+    async def handle(reader, writer):
+        opened.append(writer)
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            length = next(h for h in head.decode().split("\r\n") if h.lower().startswith("content-length"))
+            await reader.readexactly(int(length.split(":")[1]))
+            events = [{"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]} for i in range(3)]
+            body = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+            if chunked:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(body))
+                writer.write(body)
+            await writer.drain()
+        writer.close()
+
+    return handle
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
+def test_connections_are_kept_alive_like_http_clients_keep_them(chunked):
+    from nginx_server import asyncio_server
+
+    from ansible_collections.gpubox.inference.plugins.module_utils._probe import run
+
+    opened: list = []
+    with asyncio_server(_keep_alive_server(chunked, opened)) as port:
+        summary = run(_settings(port, requests=12, concurrency=3))
+    assert summary["succeeded"] == 12, summary["errors"]
+    assert summary["output_tokens"] == 36
+    assert len(opened) == 3
+
+
+def test_a_connection_the_server_closed_is_replaced_without_an_error():
+    """Servers may close a kept-alive connection after any response; the next request goes on a new one."""
+    from nginx_server import paced_upstream
+
+    from ansible_collections.gpubox.inference.plugins.module_utils._probe import run
+
+    with paced_upstream(events=3, gap=0.001) as port:
+        summary = run(_settings(port, requests=6, concurrency=2))
+    assert summary["succeeded"] == 6, summary["errors"]
+    assert summary["errors"] == {}

@@ -1,5 +1,5 @@
-"""llm_stream_probe run as Ansible runs it against the real vLLM: direct, through the project's Nginx, and through an
-Nginx with gzip on for text/event-stream, which delivers each stream in one burst and must be called buffered."""
+"""llm_stream_probe run as Ansible runs it against the real vLLM: direct, through the project's Nginx, and through a
+proxy that holds each response until it is complete, which must be called buffered."""
 
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def test_a_buffering_proxy_is_detected(vllm_server):
         length = int(next(h for h in head.decode().split("\r\n") if h.lower().startswith("content-length")).split(":")[1])
         body = await reader.readexactly(length)
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", VLLM_PORT)
-        up_writer.write(head.replace(b"Bearer " + CLIENT_KEY.encode(), b"Bearer " + VLLM_KEY.encode()) + body)
+        head = head.replace(b"Bearer " + CLIENT_KEY.encode(), b"Bearer " + VLLM_KEY.encode())
+        up_writer.write(head[:-2] + b"Connection: close\r\n\r\n" + body)
         await up_writer.drain()
         writer.write(await up_reader.read())  # everything, once the upstream is done
         await writer.drain()
