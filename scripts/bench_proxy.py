@@ -8,8 +8,9 @@ the same image, which has both). The load generator is gpubox.inference's probe
 path, the ratios to direct, the number of rounds and their spread; then cross-checks
 the probe with `vllm bench serve` on the direct path. Asserts nothing.
 
-Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default; UDS=1 adds a fourth path:
-       the same Nginx site in front of a second, identical vLLM listening on a Unix socket)
+Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default; Nginx runs the role's default
+       nginx_proxy_worker_processes, or WORKERS; EXTRA_WORKERS=N|auto adds the same site with N workers
+       as one more path; UDS=1 adds the same site in front of a second, identical vLLM on a Unix socket)
 """
 
 from __future__ import annotations
@@ -26,17 +27,19 @@ import time
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / ".collections"))
 from ansible_collections.gpubox.inference.plugins.module_utils._probe import run  # noqa: E402
 
-VLLM_PORT, NGINX_PORT, FASTAPI_PORT, NGINX_UDS_PORT = 18300, 18301, 18302, 18303
+VLLM_PORT, NGINX_PORT, FASTAPI_PORT, NGINX_UDS_PORT, NGINX_EXTRA_PORT = 18300, 18301, 18302, 18303, 18304
 KEY = "bench-key-0123456789abcdef"
 PROMPT_TOKENS, MAX_TOKENS = 200, 128
 # Requests per run: at least 24, and 6 per concurrent stream, so one run lasts seconds, not a fraction of one.
 REQUESTS_MIN, REQUESTS_PER_STREAM = 24, 6
 # The probe and `vllm bench serve` agree when their medians over the rounds are within this share.
-CROSS_CHECK_TOLERANCE, CROSS_CHECK_ROUNDS = 0.15, 3
+CROSS_CHECK_TOLERANCE, CROSS_CHECK_ROUNDS = 0.15, 5
 FASTAPI_PROXY = """
 import httpx, uvicorn
 from fastapi import FastAPI, Request
@@ -57,6 +60,16 @@ uvicorn.run(app, host="127.0.0.1", port=FASTAPI_PORT, log_level="warning")
 """.replace("VLLM_PORT", str(VLLM_PORT)).replace("FASTAPI_PORT", str(FASTAPI_PORT))
 
 
+def role_default(name: str):
+    return yaml.safe_load((ROOT / "roles" / "nginx_proxy" / "defaults" / "main.yml").read_text())[name]
+
+
+def busy_ticks() -> int:
+    """CPU time the machine spent busy (user, nice, system, irq, softirq), in clock ticks, from /proc/stat."""
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in Path("/proc/stat").read_text().split()[1:8])
+    return user + nice + system + irq + softirq
+
+
 def sh(*argv, **kwargs) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs).stdout.strip()
 
@@ -71,7 +84,7 @@ def wait(url: str, seconds: int = 180) -> None:
     raise SystemExit(f"{url} did not answer within {seconds} s")
 
 
-def nginx_site(work: Path, upstream: str, port: int) -> subprocess.Popen:
+def nginx_site(work: Path, upstream: str, port: int, workers: str) -> subprocess.Popen:
     work.mkdir(parents=True, exist_ok=True)
     variables = {
         "ansible_python_interpreter": sys.executable,
@@ -94,7 +107,7 @@ def nginx_site(work: Path, upstream: str, port: int) -> subprocess.Popen:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     sh("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{work / 'vars.json'}", str(work / "render.yml"), env=env)
     (work / "nginx.conf").write_text(
-        f"worker_processes auto;\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
+        f"worker_processes {workers};\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
         f"events {{ worker_connections 4096; }}\nhttp {{ access_log off; client_body_temp_path {work}/b; "
         f"proxy_temp_path {work}/p; include {work / 'site.conf'}; }}\n"
     )
@@ -118,6 +131,10 @@ def main() -> None:
     image = sh(str(ROOT / "scripts" / "vllm-test-image.sh"))
     names = {"vllm": "gpubox-bench-vllm", "fastapi": "gpubox-bench-fastapi", "uds": "gpubox-bench-vllm-uds"}
     uds = os.environ.get("UDS") == "1"
+    # Nginx's worker processes as the role sets them, unless WORKERS says otherwise;
+    # EXTRA_WORKERS=auto adds the same site with that many workers as one more path.
+    workers = os.environ.get("WORKERS") or str(role_default("nginx_proxy_worker_processes"))
+    extra_workers = os.environ.get("EXTRA_WORKERS")
     for name in names.values():
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
     work = Path(tempfile.mkdtemp(prefix="gpubox-bench-"))
@@ -129,13 +146,16 @@ def main() -> None:
            "--host", "127.0.0.1", "--port", str(VLLM_PORT))  # fmt: skip
         sh("docker", "run", "-d", "--name", names["fastapi"], "--network", "host", "--entrypoint", "python3", image,
            "-c", FASTAPI_PROXY)  # fmt: skip
-        nginxes.append(nginx_site(work / "tcp", f"127.0.0.1:{VLLM_PORT}", NGINX_PORT))
+        nginxes.append(nginx_site(work / "tcp", f"127.0.0.1:{VLLM_PORT}", NGINX_PORT, workers))
         wait(f"http://127.0.0.1:{VLLM_PORT}/v1/models")
         paths = {
             "direct": (f"http://127.0.0.1:{VLLM_PORT}/v1", None),
             "nginx (gpubox)": (f"http://127.0.0.1:{NGINX_PORT}/v1", KEY),
             "fastapi+httpx": (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None),
         }
+        if extra_workers:
+            nginxes.append(nginx_site(work / "extra", f"127.0.0.1:{VLLM_PORT}", NGINX_EXTRA_PORT, extra_workers))
+            paths[f"nginx ({extra_workers} wk)"] = (f"http://127.0.0.1:{NGINX_EXTRA_PORT}/v1", KEY)
         if uds:
             # A second, identical server on a Unix socket behind the same site: the hop from Nginx to
             # vLLM without loopback TCP. The socket is opened to Nginx's unprivileged workers.
@@ -150,7 +170,7 @@ def main() -> None:
                     break
                 time.sleep(1)
             sh("docker", "exec", names["uds"], "chmod", "0666", "/sock/vllm.sock")
-            nginxes.append(nginx_site(work / "uds", f"unix:{sockets}/vllm.sock", NGINX_UDS_PORT))
+            nginxes.append(nginx_site(work / "uds", f"unix:{sockets}/vllm.sock", NGINX_UDS_PORT, workers))
             paths["nginx (unix sock)"] = (f"http://127.0.0.1:{NGINX_UDS_PORT}/v1", KEY)
             for _second in range(180):
                 if probe(paths["nginx (unix sock)"][0], 1, KEY)["succeeded"]:
@@ -164,13 +184,22 @@ def main() -> None:
         for _round in range(rounds):
             for level in levels:
                 for label, (url, key) in paths.items():  # interleaved, so drift hits every path alike
+                    busy = busy_ticks()
                     summary = probe(url, level, key)
+                    # Everything the machine ran meanwhile (vLLM, the proxy, the load generator, the kernel):
+                    # what one path costs per token, steadier than throughput on a saturated machine.
+                    cpu_us = (busy_ticks() - busy) / os.sysconf("SC_CLK_TCK") * 1e6
+                    summary["cpu_us_per_token"] = cpu_us / max(summary["output_tokens"], 1)
                     results.setdefault((label, level), []).append(summary)
-        cpu = os.cpu_count()
-        print(f"\nmachine: {cpu} CPUs ({os.uname().machine}), vLLM CPU build (tiny model), Nginx and the load generator on it")
+        machine = f"{os.cpu_count()} CPUs ({os.uname().machine})"
+        print(f"\nmachine: {machine}, vLLM CPU build (tiny model), Nginx and the load generator on it")
         print(f"streams: {PROMPT_TOKENS}-token prompts, {MAX_TOKENS} output tokens; rounds: {rounds} (median, min-max)\n")
+        print(f"Nginx (gpubox): the nginx_proxy role's site, worker_processes {workers}")
         print("ratios to direct: per round (paths interleaved), median (min-max)\n")
-        print(f"{'path':<16}{'c':>4}{'TTFT p50 ms':>22}{'tok/s':>22}{'TTFT vs direct':>22}{'tok/s vs direct':>22}  buffering")
+        print(
+            f"{'path':<16}{'c':>4}{'TTFT p50 ms':>22}{'tok/s':>22}{'TTFT vs direct':>22}{'tok/s vs direct':>22}"
+            f"{'CPU us/tok':>12}{'CPU vs direct':>22}  buffering"
+        )
         for level in levels:
             direct = results[("direct", level)]
             for label in paths:
@@ -179,12 +208,16 @@ def main() -> None:
                 tps = [r["output_tokens_per_s"] for r in runs]
                 ratio_ttft = [a / b for a, b in zip(ttft, [r["ttft_ms"]["p50"] for r in direct], strict=False)]
                 ratio_tps = [a / b for a, b in zip(tps, [r["output_tokens_per_s"] for r in direct], strict=False)]
+                cpu = [r["cpu_us_per_token"] for r in runs]
+                ratio_cpu = [a / b for a, b in zip(cpu, [r["cpu_us_per_token"] for r in direct], strict=False)]
                 fails = sum(r["requests"] - r["succeeded"] for r in runs)
                 print(
                     f"{label:<16}{level:>4}{statistics.median(ttft):>9.1f} ({min(ttft):.1f}-{max(ttft):.1f})"
                     f"{statistics.median(tps):>10.0f} ({min(tps):.0f}-{max(tps):.0f})"
                     f"{statistics.median(ratio_ttft):>10.2f}x ({min(ratio_ttft):.2f}-{max(ratio_ttft):.2f})"
-                    f"{statistics.median(ratio_tps):>10.2f}x ({min(ratio_tps):.2f}-{max(ratio_tps):.2f})  "
+                    f"{statistics.median(ratio_tps):>10.2f}x ({min(ratio_tps):.2f}-{max(ratio_tps):.2f})"
+                    f"{statistics.median(cpu):>12.0f}"
+                    f"{statistics.median(ratio_cpu):>10.2f}x ({min(ratio_cpu):.2f}-{max(ratio_cpu):.2f})  "
                     f"{runs[-1]['buffering']['verdict']}{'' if not fails else f' ({fails} failed)'}"
                 )
         cross_check(names["vllm"], levels)
