@@ -16,6 +16,7 @@ Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default; Nginx runs t
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -40,6 +41,8 @@ PROMPT_TOKENS, MAX_TOKENS = 200, 128
 REQUESTS_MIN, REQUESTS_PER_STREAM = 24, 6
 # The probe and `vllm bench serve` agree when their medians over the rounds are within this share.
 CROSS_CHECK_TOLERANCE, CROSS_CHECK_ROUNDS = 0.15, 5
+# Issue 8's targets for the project's Nginx against direct, per concurrency: TTFT p50 at most, tok/s at least.
+TARGETS = {1: (1.05, 0.97), 10: (1.05, 0.97), 50: (1.10, 0.93)}
 FASTAPI_PROXY = """
 import httpx, uvicorn
 from fastapi import FastAPI, Request
@@ -62,6 +65,24 @@ uvicorn.run(app, host="127.0.0.1", port=FASTAPI_PORT, log_level="warning")
 
 def role_default(name: str):
     return yaml.safe_load((ROOT / "roles" / "nginx_proxy" / "defaults" / "main.yml").read_text())[name]
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median: order statistics k and n-k+1 (sign test), at least ``confidence``."""
+    ordered, n = sorted(values), len(values)
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) <= k - 1)
+    while k < n // 2 and below + math.comb(n, k) / 2**n <= (1 - confidence) / 2:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
+
+
+def verdict(interval: tuple[float, float], bound: float, at_most: bool) -> str:
+    low, high = interval
+    if at_most:
+        return "met" if high <= bound else "missed" if low > bound else "undecided"
+    return "met" if low >= bound else "missed" if high < bound else "undecided"
 
 
 def busy_ticks() -> int:
@@ -220,6 +241,7 @@ def main() -> None:
                     f"{statistics.median(ratio_cpu):>10.2f}x ({min(ratio_cpu):.2f}-{max(ratio_cpu):.2f})  "
                     f"{runs[-1]['buffering']['verdict']}{'' if not fails else f' ({fails} failed)'}"
                 )
+        print_targets(results, levels)
         cross_check(names["vllm"], levels)
     finally:
         for nginx in nginxes:
@@ -227,6 +249,29 @@ def main() -> None:
         for name in names.values():
             subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def print_targets(results: dict, levels: list[int]) -> None:
+    """Issue 8's targets against the median of the per-round ratios, with a ~95% interval for that median.
+
+    "met" or "missed" only when the whole interval is on one side of the target; else "undecided":
+    the rounds do not tell, on this machine, which side the true ratio is on.
+    """
+    print("\ntargets for Nginx (gpubox) against direct: median per-round ratio [~95% interval of the median]")
+    for level in [c for c in levels if c in TARGETS]:
+        ttft_bound, tps_bound = TARGETS[level]
+        direct, nginx = results[("direct", level)], results[("nginx (gpubox)", level)]
+        ttft = [a["ttft_ms"]["p50"] / b["ttft_ms"]["p50"] for a, b in zip(nginx, direct, strict=True)]
+        tps = [a["output_tokens_per_s"] / b["output_tokens_per_s"] for a, b in zip(nginx, direct, strict=True)]
+        cells = []
+        for name, ratios, bound, at_most in (("TTFT p50", ttft, ttft_bound, True), ("tok/s", tps, tps_bound, False)):
+            low, high = median_interval(ratios)
+            sign = "<=" if at_most else ">="
+            cells.append(
+                f"{name} {statistics.median(ratios):.2f}x [{low:.2f}-{high:.2f}] {sign} {bound:.2f}: "
+                f"{verdict((low, high), bound, at_most)}"
+            )
+        print(f"  c={level:<3} " + ";  ".join(cells))
 
 
 def cross_check(container: str, levels: list[int]) -> None:
