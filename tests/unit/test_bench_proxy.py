@@ -23,8 +23,8 @@ def test_median_interval_uses_the_sign_test_order_statistics(n, ranks):
 def test_median_interval_covers_the_true_median_at_least_95_percent_of_the_time():
     rng = random.Random(8)
     hits = 0
-    for _ in range(2000):
-        sample = [rng.gauss(1.0, 0.1) for _ in range(11)]
+    for _trial in range(2000):
+        sample = [rng.gauss(1.0, 0.1) for _value in range(11)]
         low, high = bench.median_interval(sample)
         hits += low <= 1.0 <= high
         assert low <= statistics.median(sample) <= high
