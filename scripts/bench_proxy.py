@@ -202,9 +202,13 @@ def main() -> None:
         time.sleep(2)
         probe(paths["direct"][0], 4, None)  # warm-up
         results: dict = {}
-        for _round in range(rounds):
+        order = list(paths.items())
+        for index in range(rounds):
+            # Interleaved, so drift hits every path alike; and each round starts with the next path,
+            # so no path always runs first (or always right after the slow Python proxy).
+            turn = order[index % len(order) :] + order[: index % len(order)]
             for level in levels:
-                for label, (url, key) in paths.items():  # interleaved, so drift hits every path alike
+                for label, (url, key) in turn:
                     busy = busy_ticks()
                     summary = probe(url, level, key)
                     # Everything the machine ran meanwhile (vLLM, the proxy, the load generator, the kernel):
