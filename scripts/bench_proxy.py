@@ -43,6 +43,7 @@ REQUESTS_MIN, REQUESTS_PER_STREAM = 24, 6
 CROSS_CHECK_TOLERANCE, CROSS_CHECK_ROUNDS = 0.15, 5
 # Issue 8's targets for the project's Nginx against direct, per concurrency: TTFT p50 at most, tok/s at least.
 TARGETS = {1: (1.05, 0.97), 10: (1.05, 0.97), 50: (1.10, 0.93)}
+NGINX = "nginx (gpubox)"  # the path the targets are for
 FASTAPI_PROXY = """
 import httpx, uvicorn
 from fastapi import FastAPI, Request
@@ -68,7 +69,11 @@ def role_default(name: str):
 
 
 def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
-    """A distribution-free interval for the median: order statistics k and n-k+1 (sign test), at least ``confidence``."""
+    """A distribution-free interval for the median: order statistics k and n-k+1 (sign test).
+
+    It covers the median with at least ``confidence`` from 6 values on (at 95%); below that it is
+    the minimum and maximum, which cover less.
+    """
     ordered, n = sorted(values), len(values)
     k, below = 0, 0.0  # below: P(Binomial(n, 1/2) <= k - 1)
     while k < n // 2 and below + math.comb(n, k) / 2**n <= (1 - confidence) / 2:
@@ -78,11 +83,25 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return ordered[k - 1], ordered[n - k]
 
 
-def verdict(interval: tuple[float, float], bound: float, at_most: bool) -> str:
+def verdict(interval: tuple[float, float], bound: float, at_most: bool, rounds: int = 6) -> str:
     low, high = interval
+    if rounds < 6:  # the interval is then the minimum and maximum, short of ~95%
+        return "undecided (fewer than 6 rounds)"
     if at_most:
         return "met" if high <= bound else "missed" if low > bound else "undecided"
     return "met" if low >= bound else "missed" if high < bound else "undecided"
+
+
+# What each column reads from a probe run; the ratios to direct are taken round by round.
+READ = {
+    "ttft": lambda run: run["ttft_ms"]["p50"],
+    "tps": lambda run: run["output_tokens_per_s"],
+    "cpu": lambda run: run["cpu_us_per_token"],
+}
+
+
+def ratios(runs: list[dict], direct: list[dict], metric: str) -> list[float]:
+    return [READ[metric](a) / READ[metric](b) for a, b in zip(runs, direct, strict=True)]
 
 
 def busy_ticks() -> int:
@@ -171,7 +190,7 @@ def main() -> None:
         wait(f"http://127.0.0.1:{VLLM_PORT}/v1/models")
         paths = {
             "direct": (f"http://127.0.0.1:{VLLM_PORT}/v1", None),
-            "nginx (gpubox)": (f"http://127.0.0.1:{NGINX_PORT}/v1", KEY),
+            NGINX: (f"http://127.0.0.1:{NGINX_PORT}/v1", KEY),
             "fastapi+httpx": (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None),
         }
         if extra_workers:
@@ -229,12 +248,8 @@ def main() -> None:
             direct = results[("direct", level)]
             for label in paths:
                 runs = results[(label, level)]
-                ttft = [r["ttft_ms"]["p50"] for r in runs]
-                tps = [r["output_tokens_per_s"] for r in runs]
-                ratio_ttft = [a / b for a, b in zip(ttft, [r["ttft_ms"]["p50"] for r in direct], strict=False)]
-                ratio_tps = [a / b for a, b in zip(tps, [r["output_tokens_per_s"] for r in direct], strict=False)]
-                cpu = [r["cpu_us_per_token"] for r in runs]
-                ratio_cpu = [a / b for a, b in zip(cpu, [r["cpu_us_per_token"] for r in direct], strict=False)]
+                ttft, tps, cpu = ([READ[metric](r) for r in runs] for metric in ("ttft", "tps", "cpu"))
+                ratio_ttft, ratio_tps, ratio_cpu = (ratios(runs, direct, metric) for metric in ("ttft", "tps", "cpu"))
                 fails = sum(r["requests"] - r["succeeded"] for r in runs)
                 print(
                     f"{label:<16}{level:>4}{statistics.median(ttft):>9.1f} ({min(ttft):.1f}-{max(ttft):.1f})"
@@ -264,16 +279,15 @@ def print_targets(results: dict, levels: list[int]) -> None:
     print("\ntargets for Nginx (gpubox) against direct: median per-round ratio [~95% interval of the median]")
     for level in [c for c in levels if c in TARGETS]:
         ttft_bound, tps_bound = TARGETS[level]
-        direct, nginx = results[("direct", level)], results[("nginx (gpubox)", level)]
-        ttft = [a["ttft_ms"]["p50"] / b["ttft_ms"]["p50"] for a, b in zip(nginx, direct, strict=True)]
-        tps = [a["output_tokens_per_s"] / b["output_tokens_per_s"] for a, b in zip(nginx, direct, strict=True)]
+        direct, nginx = results[("direct", level)], results[(NGINX, level)]
         cells = []
-        for name, ratios, bound, at_most in (("TTFT p50", ttft, ttft_bound, True), ("tok/s", tps, tps_bound, False)):
-            low, high = median_interval(ratios)
+        for name, metric, bound, at_most in (("TTFT p50", "ttft", ttft_bound, True), ("tok/s", "tps", tps_bound, False)):
+            per_round = ratios(nginx, direct, metric)
+            low, high = median_interval(per_round)
             sign = "<=" if at_most else ">="
             cells.append(
-                f"{name} {statistics.median(ratios):.2f}x [{low:.2f}-{high:.2f}] {sign} {bound:.2f}: "
-                f"{verdict((low, high), bound, at_most)}"
+                f"{name} {statistics.median(per_round):.2f}x [{low:.2f}-{high:.2f}] {sign} {bound:.2f}: "
+                f"{verdict((low, high), bound, at_most, len(per_round))}"
             )
         print(f"  c={level:<3} " + ";  ".join(cells))
 

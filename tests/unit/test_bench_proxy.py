@@ -44,3 +44,9 @@ def test_median_interval_covers_the_true_median_at_least_95_percent_of_the_time(
 )
 def test_verdict_needs_the_whole_interval_on_one_side(interval, bound, at_most, expected):
     assert bench.verdict(interval, bound, at_most) == expected
+
+
+def test_fewer_than_six_rounds_decide_nothing():
+    # From 5 values the interval is the minimum and maximum, which covers the median only ~94% of the time.
+    assert bench.verdict((1.20, 1.30), 1.05, True, rounds=5) == "undecided (fewer than 6 rounds)"
+    assert bench.verdict((1.20, 1.30), 1.05, True, rounds=6) == "missed"

@@ -1,10 +1,15 @@
-"""_probe.summarize on made-up timelines: the statistics and the buffering verdict."""
+"""_probe.summarize on made-up timelines (the statistics and the buffering verdict), and its transport against small
+real servers (connections kept alive, and replaced when the server closed them)."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import json
 
-from ansible_collections.gpubox.inference.plugins.module_utils._probe import percentile, prompt, summarize
+import pytest
+from nginx_server import asyncio_server, paced_upstream
+
+from ansible_collections.gpubox.inference.plugins.module_utils._probe import percentile, prompt, run, summarize
 
 
 def record(start: float, first: float, gap: float, tokens: int, status: int = 200) -> dict:
@@ -75,8 +80,6 @@ def _settings(port: int, requests: int, concurrency: int) -> dict:
 
 def _keep_alive_server(chunked: bool, opened: list):
     """An SSE server that answers any number of requests on one connection, chunked or with a Content-Length."""
-    import asyncio
-    import json
 
     async def handle(reader, writer):
         opened.append(writer)
@@ -103,10 +106,6 @@ def _keep_alive_server(chunked: bool, opened: list):
 
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
 def test_connections_are_kept_alive_like_http_clients_keep_them(chunked):
-    from nginx_server import asyncio_server
-
-    from ansible_collections.gpubox.inference.plugins.module_utils._probe import run
-
     opened: list = []
     with asyncio_server(_keep_alive_server(chunked, opened)) as port:
         summary = run(_settings(port, requests=12, concurrency=3))
@@ -117,10 +116,6 @@ def test_connections_are_kept_alive_like_http_clients_keep_them(chunked):
 
 def test_a_connection_the_server_closed_is_replaced_without_an_error():
     """Servers may close a kept-alive connection after any response; the next request goes on a new one."""
-    from nginx_server import paced_upstream
-
-    from ansible_collections.gpubox.inference.plugins.module_utils._probe import run
-
     with paced_upstream(events=3, gap=0.001) as port:
         summary = run(_settings(port, requests=6, concurrency=2))
     assert summary["succeeded"] == 6, summary["errors"]
