@@ -10,7 +10,11 @@ the probe with `vllm bench serve` on the direct path. Asserts nothing.
 
 Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default; Nginx runs the role's default
        nginx_proxy_worker_processes, or WORKERS; EXTRA_WORKERS=N|auto adds the same site with N workers
-       as one more path; UDS=1 adds the same site in front of a second, identical vLLM on a Unix socket)
+       as one more path; UDS=1 adds the same site in front of a second, identical vLLM on a Unix socket;
+       BRIDGE=1 adds a second, identical vLLM on Docker's bridge network with its port published on
+       127.0.0.1, as the vllm role deploys it with vllm_network_mode=bridge: docker-proxy relays that port)
+
+vLLM runs on the host's network, as the vllm role deploys it by default (vllm_network_mode=host).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ sys.path.insert(0, str(ROOT / ".collections"))
 from ansible_collections.gpubox.inference.plugins.module_utils._probe import run  # noqa: E402
 
 VLLM_PORT, NGINX_PORT, FASTAPI_PORT, NGINX_UDS_PORT, NGINX_EXTRA_PORT = 18300, 18301, 18302, 18303, 18304
+BRIDGE_PORT = 18305
 KEY = "bench-key-0123456789abcdef"
 PROMPT_TOKENS, MAX_TOKENS = 200, 128
 # Requests per run: at least 24, and 6 per concurrent stream, so one run lasts seconds, not a fraction of one.
@@ -169,8 +174,12 @@ def main() -> None:
     rounds = int(os.environ.get("ROUNDS", "7"))
     levels = [int(c) for c in os.environ.get("CONCURRENCY", "1,10,50").split(",")]
     image = sh(str(ROOT / "scripts" / "vllm-test-image.sh"))
-    names = {"vllm": "gpubox-bench-vllm", "fastapi": "gpubox-bench-fastapi", "uds": "gpubox-bench-vllm-uds"}
+    names = {
+        "vllm": "gpubox-bench-vllm", "fastapi": "gpubox-bench-fastapi", "uds": "gpubox-bench-vllm-uds",
+        "bridge": "gpubox-bench-vllm-bridge",
+    }  # fmt: skip
     uds = os.environ.get("UDS") == "1"
+    bridge = os.environ.get("BRIDGE") == "1"
     # Nginx's worker processes as the role sets them, unless WORKERS says otherwise;
     # EXTRA_WORKERS=auto adds the same site with that many workers as one more path.
     workers = os.environ.get("WORKERS") or str(role_default("nginx_proxy_worker_processes"))
@@ -196,6 +205,11 @@ def main() -> None:
         if extra_workers:
             nginxes.append(nginx_site(work / "extra", f"127.0.0.1:{VLLM_PORT}", NGINX_EXTRA_PORT, extra_workers))
             paths[f"nginx ({extra_workers} wk)"] = (f"http://127.0.0.1:{NGINX_EXTRA_PORT}/v1", KEY)
+        if bridge:
+            sh("docker", "run", "-d", "--name", names["bridge"], "-p", f"127.0.0.1:{BRIDGE_PORT}:8000", image, *server,
+               "--host", "0.0.0.0", "--port", "8000")  # fmt: skip
+            wait(f"http://127.0.0.1:{BRIDGE_PORT}/v1/models")
+            paths["direct (docker port)"] = (f"http://127.0.0.1:{BRIDGE_PORT}/v1", None)
         if uds:
             # A second, identical server on a Unix socket behind the same site: the hop from Nginx to
             # vLLM without loopback TCP. The socket is opened to Nginx's unprivileged workers.
@@ -241,7 +255,7 @@ def main() -> None:
         print(f"Nginx (gpubox): the nginx_proxy role's site, worker_processes {workers}")
         print("ratios to direct: per round (paths interleaved), median (min-max)\n")
         print(
-            f"{'path':<16}{'c':>4}{'TTFT p50 ms':>22}{'tok/s':>22}{'TTFT vs direct':>22}{'tok/s vs direct':>22}"
+            f"{'path':<22}{'c':>4}{'TTFT p50 ms':>22}{'tok/s':>22}{'TTFT vs direct':>22}{'tok/s vs direct':>22}"
             f"{'CPU us/tok':>12}{'CPU vs direct':>22}  buffering"
         )
         for level in levels:
@@ -252,7 +266,7 @@ def main() -> None:
                 ratio_ttft, ratio_tps, ratio_cpu = (ratios(runs, direct, metric) for metric in ("ttft", "tps", "cpu"))
                 fails = sum(r["requests"] - r["succeeded"] for r in runs)
                 print(
-                    f"{label:<16}{level:>4}{statistics.median(ttft):>9.1f} ({min(ttft):.1f}-{max(ttft):.1f})"
+                    f"{label:<22}{level:>4}{statistics.median(ttft):>9.1f} ({min(ttft):.1f}-{max(ttft):.1f})"
                     f"{statistics.median(tps):>10.0f} ({min(tps):.0f}-{max(tps):.0f})"
                     f"{statistics.median(ratio_ttft):>10.2f}x ({min(ratio_ttft):.2f}-{max(ratio_ttft):.2f})"
                     f"{statistics.median(ratio_tps):>10.2f}x ({min(ratio_tps):.2f}-{max(ratio_tps):.2f})"

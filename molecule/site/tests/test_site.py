@@ -207,6 +207,10 @@ def test_vllm_is_loopback_only_and_runs_the_loaded_image(host):
     compose = host.file("/opt/gpubox/vllm/compose.yaml").content_string
     assert "--tensor-parallel-size: 1: the CPU backend" in compose
     assert host.file("/opt/gpubox/vllm/vllm.env").mode == 0o600
+    # The host's network: the server binds loopback itself, with no docker-proxy relaying each token.
+    assert "network_mode: host" in compose
+    assert host.check_output("docker inspect -f '{{.HostConfig.NetworkMode}}' gpubox-vllm-vllm-1") == "host"
+    assert not host.process.filter(comm="docker-proxy")
 
 
 def test_local_facts_record_the_deployment_and_the_endpoint(host):

@@ -139,15 +139,48 @@ def test_the_key_is_required(deployed):
         openai.OpenAI(base_url=f"http://127.0.0.1:{PORT}/v1", api_key="wrong").models.list()
 
 
+def listening(port: int) -> list[str]:
+    """The local addresses this machine listens on at ``port``, from ss."""
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return sorted(line.split()[3] for line in out.splitlines())
+
+
 def test_compose_project_is_loopback_only_and_explains_itself(deployed, workdir):
     compose = (workdir / "project" / "compose.yaml").read_text()
-    assert f'ports: ["127.0.0.1:{PORT}:8000"]' in compose
+    assert "    network_mode: host\n" in compose
+    assert "ports:" not in compose
+    assert f"#   --host: 127.0.0.1:{PORT} on the host's own network, loopback only" in compose
     assert "#   --tensor-parallel-size: 1: the CPU backend" in compose
     assert KEY not in compose
     env_file = workdir / "project" / "vllm.env"
     assert oct(env_file.stat().st_mode & 0o777) == "0o600"
-    published = docker("port", f"{PROJECT}-vllm-1", "8000")
-    assert published.splitlines() == [f"127.0.0.1:{PORT}"]
+    assert docker("inspect", "-f", "{{.HostConfig.NetworkMode}}", f"{PROJECT}-vllm-1") == "host"
+    # The server itself binds the host's loopback, and nothing else on that port.
+    assert listening(PORT) == [f"127.0.0.1:{PORT}"]
+
+
+def test_bridge_network_publishes_the_port_on_loopback_only(workdir, image):
+    work = workdir / "bridge"
+    work.mkdir()
+    project = f"{PROJECT}-bridge"
+    variables = role_vars(
+        workdir, image, vllm_network_mode="bridge", vllm_port=PORT + 2, vllm_project_name=project,
+        vllm_project_dir=str(work / "project"), _vllm_gpu_record_path=str(work / "facts" / "gpubox_gpu.fact"),
+        _vllm_deployment_record_path=str(work / "facts" / "gpubox_vllm.fact"),
+    )  # fmt: skip
+    try:
+        result = run_role(work, variables)
+        assert result.returncode == 0, result.stdout[-3000:]
+        compose = (work / "project" / "compose.yaml").read_text()
+        assert f'ports: ["127.0.0.1:{PORT + 2}:8000"]' in compose
+        assert "network_mode" not in compose
+        assert docker("port", f"{project}-vllm-1", "8000").splitlines() == [f"127.0.0.1:{PORT + 2}"]
+        models = openai.OpenAI(base_url=f"http://127.0.0.1:{PORT + 2}/v1", api_key=KEY).models.list()
+        assert [model.id for model in models] == ["tiny"]
+    finally:
+        subprocess.run(
+            ["docker", "compose", "--project-name", project, "down", "--timeout", "1"], capture_output=True, check=False
+        )
 
 
 def test_second_converge_changes_nothing_and_keeps_the_container(deployed, workdir, image):

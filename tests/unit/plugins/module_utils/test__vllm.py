@@ -133,7 +133,20 @@ def test_flags_are_rendered_only_when_set():
     assert flag(result, "--quantization") == "awq"
     assert flag(result, "--max-num-batched-tokens") == "4096"
     assert result["args"][-2:] == ["--seed", "7"]
-    assert flag(result, "--host") == "0.0.0.0"  # inside the container; the host publishes it on 127.0.0.1 only
+
+
+def test_server_binds_the_hosts_loopback_on_the_host_network_by_default():
+    result = plan(settings(port="8123"), {"gpu": gpus(1)}, LLAMA_8B)
+    assert (flag(result, "--host"), flag(result, "--port")) == ("127.0.0.1", "8123")
+    assert result["reasons"]["--host"].startswith("127.0.0.1:8123 on the host's own network, loopback only")
+    assert "docker-proxy" in result["reasons"]["--host"]
+
+
+def test_bridge_network_listens_inside_the_container_for_the_published_port():
+    result = plan(settings(network_mode="bridge", port=8123), {"gpu": gpus(1)}, LLAMA_8B)
+    # Inside the container; Compose publishes it on 127.0.0.1 only.
+    assert (flag(result, "--host"), flag(result, "--port")) == ("0.0.0.0", "8000")
+    assert result["reasons"]["--host"] == "the container's bridge network, published on 127.0.0.1:8123 only (your choice)"
 
 
 def test_cpu_backend():
@@ -163,6 +176,8 @@ def test_cpu_backend():
         ({"max_model_len": 200000}, {"gpu": gpus(1)}, "vllm_max_model_len=200000 must fit the model's context of 131072"),
         ({"model": "/srv/models/missing", "model_exists": False}, {"gpu": gpus(1)}, "is a path that does not exist on the host"),
         ({"model": ""}, {"gpu": gpus(1)}, "vllm_model must name a Hugging Face model id or an absolute path"),
+        ({"port": 0}, {"gpu": gpus(1)}, "vllm_port=0 must be a TCP port, from 1 to 65535"),
+        ({"port": 70000}, {"gpu": gpus(1)}, "vllm_port=70000 must be a TCP port, from 1 to 65535"),
     ],
 )
 def test_each_rule(overrides, facts, message):
