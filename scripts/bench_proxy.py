@@ -12,7 +12,9 @@ Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default; Nginx runs t
        nginx_proxy_worker_processes, or WORKERS; EXTRA_WORKERS=N|auto adds the same site with N workers
        as one more path; UDS=1 adds the same site in front of a second, identical vLLM on a Unix socket;
        BRIDGE=1 adds a second, identical vLLM on Docker's bridge network with its port published on
-       127.0.0.1, as the vllm role deploys it with vllm_network_mode=bridge: docker-proxy relays that port)
+       127.0.0.1, as the vllm role deploys it with vllm_network_mode=bridge: docker-proxy relays that port;
+       PYTHON_PROXY=0 leaves the FastAPI proxy out; REQUESTS_PER_STREAM=N (6) sets how long each run is;
+       CROSS_CHECK_ROUNDS=0 skips the cross-check)
 
 vLLM runs on the host's network, as the vllm role deploys it by default (vllm_network_mode=host).
 """
@@ -42,10 +44,10 @@ VLLM_PORT, NGINX_PORT, FASTAPI_PORT, NGINX_UDS_PORT, NGINX_EXTRA_PORT = 18300, 1
 BRIDGE_PORT = 18305
 KEY = "bench-key-0123456789abcdef"
 PROMPT_TOKENS, MAX_TOKENS = 200, 128
-# Requests per run: at least 24, and 6 per concurrent stream, so one run lasts seconds, not a fraction of one.
-REQUESTS_MIN, REQUESTS_PER_STREAM = 24, 6
+# Requests per run: at least 24, and 6 per concurrent stream (REQUESTS_PER_STREAM), so one run lasts seconds.
+REQUESTS_MIN, REQUESTS_PER_STREAM = 24, int(os.environ.get("REQUESTS_PER_STREAM", "6"))
 # The probe and `vllm bench serve` agree when their medians over the rounds are within this share.
-CROSS_CHECK_TOLERANCE, CROSS_CHECK_ROUNDS = 0.15, 5
+CROSS_CHECK_TOLERANCE, CROSS_CHECK_ROUNDS = 0.15, int(os.environ.get("CROSS_CHECK_ROUNDS", "5"))
 # Issue 8's targets for the project's Nginx against direct, per concurrency: TTFT p50 at most, tok/s at least.
 TARGETS = {1: (1.05, 0.97), 10: (1.05, 0.97), 50: (1.10, 0.93)}
 NGINX = "nginx (gpubox)"  # the path the targets are for
@@ -180,6 +182,7 @@ def main() -> None:
     }  # fmt: skip
     uds = os.environ.get("UDS") == "1"
     bridge = os.environ.get("BRIDGE") == "1"
+    python_proxy = os.environ.get("PYTHON_PROXY") != "0"
     # Nginx's worker processes as the role sets them, unless WORKERS says otherwise;
     # EXTRA_WORKERS=auto adds the same site with that many workers as one more path.
     workers = os.environ.get("WORKERS") or str(role_default("nginx_proxy_worker_processes"))
@@ -193,15 +196,17 @@ def main() -> None:
     try:
         sh("docker", "run", "-d", "--name", names["vllm"], "--network", "host", image, *server,
            "--host", "127.0.0.1", "--port", str(VLLM_PORT))  # fmt: skip
-        sh("docker", "run", "-d", "--name", names["fastapi"], "--network", "host", "--entrypoint", "python3", image,
-           "-c", FASTAPI_PROXY)  # fmt: skip
+        if python_proxy:
+            sh("docker", "run", "-d", "--name", names["fastapi"], "--network", "host", "--entrypoint", "python3", image,
+               "-c", FASTAPI_PROXY)  # fmt: skip
         nginxes.append(nginx_site(work / "tcp", f"127.0.0.1:{VLLM_PORT}", NGINX_PORT, workers))
         wait(f"http://127.0.0.1:{VLLM_PORT}/v1/models")
         paths = {
             "direct": (f"http://127.0.0.1:{VLLM_PORT}/v1", None),
             NGINX: (f"http://127.0.0.1:{NGINX_PORT}/v1", KEY),
-            "fastapi+httpx": (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None),
         }
+        if python_proxy:
+            paths["fastapi+httpx"] = (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None)
         if extra_workers:
             nginxes.append(nginx_site(work / "extra", f"127.0.0.1:{VLLM_PORT}", NGINX_EXTRA_PORT, extra_workers))
             paths[f"nginx ({extra_workers} wk)"] = (f"http://127.0.0.1:{NGINX_EXTRA_PORT}/v1", KEY)
@@ -275,7 +280,8 @@ def main() -> None:
                     f"{runs[-1]['buffering']['verdict']}{'' if not fails else f' ({fails} failed)'}"
                 )
         print_targets(results, levels)
-        cross_check(names["vllm"], levels)
+        if CROSS_CHECK_ROUNDS:
+            cross_check(names["vllm"], levels)
     finally:
         for nginx in nginxes:
             nginx.terminate()
