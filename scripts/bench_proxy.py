@@ -296,7 +296,7 @@ def print_targets(results: dict, levels: list[int]) -> None:
     "met" or "missed" only when the whole interval is on one side of the target; else "undecided":
     the rounds do not tell, on this machine, which side the true ratio is on.
     """
-    print("\ntargets for Nginx (gpubox) against direct: median per-round ratio [~95% interval of the median]")
+    print(f"\ntargets for {NGINX} against direct: median per-round ratio [~95% interval of the median]")
     for level in [c for c in levels if c in TARGETS]:
         ttft_bound, tps_bound = TARGETS[level]
         direct, nginx = results[("direct", level)], results[(NGINX, level)]

@@ -114,14 +114,19 @@ class _Connections:
         self.target = target
         self.idle: list = []
 
+    @staticmethod
+    async def _exchange(reader, writer, request: bytes, timeout: float) -> bytes:
+        """Write the request on one connection and read the status line back."""
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), timeout)
+
     async def send(self, request: bytes, timeout: float) -> tuple:
         """Write the request and read the status line: on an idle connection when one is left open, else a new one."""
         while self.idle:
             reader, writer = self.idle.pop()
             try:
-                writer.write(request)
-                await writer.drain()
-                status_line = await asyncio.wait_for(reader.readline(), timeout)
+                status_line = await self._exchange(reader, writer, request, timeout)
             except ConnectionError:
                 status_line = b""
             if status_line:
@@ -133,9 +138,7 @@ class _Connections:
             timeout,
         )
         try:
-            writer.write(request)
-            await writer.drain()
-            return reader, writer, await asyncio.wait_for(reader.readline(), timeout)
+            return reader, writer, await self._exchange(reader, writer, request, timeout)
         except BaseException:
             writer.close()
             raise

@@ -24,8 +24,10 @@ def image_name() -> str:
     return name.stdout.strip()
 
 
-def role_vars(work: Path, image: str, **extra) -> dict:
+def role_vars(work: Path, image: str, records: Path | None = None, **extra) -> dict:
+    """The role's variables for the model and caches in ``work``; its records in ``records`` (``work`` by default)."""
     repo, tag = image.split(":")
+    records = records or work
     return {
         "ansible_python_interpreter": sys.executable,
         "vllm_model": str(work / "tiny-chat"),
@@ -44,8 +46,8 @@ def role_vars(work: Path, image: str, **extra) -> dict:
         "vllm_api_key": KEY,
         "vllm_wait_timeout": 300,
         # The role's records (/etc/ansible/facts.d on a box) go to the test's folder, not this machine's /etc.
-        "_vllm_gpu_record_path": str(work / "facts" / "gpubox_gpu.fact"),
-        "_vllm_deployment_record_path": str(work / "facts" / "gpubox_vllm.fact"),
+        "_vllm_gpu_record_path": str(records / "facts" / "gpubox_gpu.fact"),
+        "_vllm_deployment_record_path": str(records / "facts" / "gpubox_vllm.fact"),
         **extra,
     }
 

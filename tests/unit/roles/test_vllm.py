@@ -163,10 +163,10 @@ def test_bridge_network_publishes_the_port_on_loopback_only(workdir, image):
     work = workdir / "bridge"
     work.mkdir()
     project = f"{PROJECT}-bridge"
+    # Its own records, so the main deployment's second converge still finds its own.
     variables = role_vars(
-        workdir, image, vllm_network_mode="bridge", vllm_port=PORT + 2, vllm_project_name=project,
-        vllm_project_dir=str(work / "project"), _vllm_gpu_record_path=str(work / "facts" / "gpubox_gpu.fact"),
-        _vllm_deployment_record_path=str(work / "facts" / "gpubox_vllm.fact"),
+        workdir, image, records=work, vllm_network_mode="bridge", vllm_port=PORT + 2, vllm_project_name=project,
+        vllm_project_dir=str(work / "project"),
     )  # fmt: skip
     try:
         result = run_role(work, variables)
