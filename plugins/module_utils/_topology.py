@@ -7,7 +7,8 @@ general grammar of these outputs (a header naming devices from GPU0 on, one row
 per device, optional affinity columns, legends) rather than one driver's exact
 layout, so they take what people paste: prompts and commands before the header,
 the command glued to it, tabs turned into spaces, re-indented blocks, cut
-legends, empty affinity fields. Input they cannot read raises
+legends, empty affinity fields, and the ANSI escapes that underline the header
+(driver 580 prints them even into a pipe). Input they cannot read raises
 ``TopologyParseError`` naming the line; they never guess a matrix.
 """
 
@@ -26,6 +27,8 @@ _DEVICE_NAME_RE = re.compile(r"^[A-Za-z][\w.:-]*$")
 _GPU_NAME_RE = re.compile(r"^GPU(\d+)$")
 _LINK_CODE_RE = re.compile(r"^(X|NV\d+|[A-Z][A-Z0-9]*)$")
 _NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+# Terminal control sequences (CSI: ESC [ parameters final-byte), e.g. ESC[4m ... ESC[0m around the header.
+_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 # Best to worst, for the links nvidia-smi prints between two devices.
 # SOC is what drivers before ~384 printed for today's SYS.
@@ -177,6 +180,7 @@ def parse_topology(text: str) -> dict:
     ``links`` (row -> column -> code exactly as printed, both directions, no
     self entries) and ``legend_nics`` (NIC Legend as printed).
     """
+    text = _ANSI_RE.sub("", text)
     devices, _labels, links, attributes, end = _read_matrix(text, _is_link_code)
     # A NIC column without its own row still has links from the GPU rows.
     for row, columns in list(links.items()):
@@ -215,7 +219,7 @@ def parse_p2p(text: str) -> dict[str, dict[str, str]]:
     def is_status(cell: str) -> bool:
         return cell in P2P_STATUS
 
-    _devices, _labels, links, _attributes, _end = _read_matrix(text, is_status)
+    _devices, _labels, links, _attributes, _end = _read_matrix(_ANSI_RE.sub("", text), is_status)
     return links
 
 
