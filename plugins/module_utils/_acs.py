@@ -74,8 +74,12 @@ def redirects(entry: dict) -> list[str]:
     return [flag for flag in REDIRECT_FLAGS if entry["ctl"].get(flag)]
 
 
-def judge_acs(entries: list[dict], gpu_paths: dict[str, list[str]] | None = None) -> dict:
+def judge_acs(entries: list[dict], gpu_paths: dict[str, list[str]] | None = None, unreadable: str | None = None) -> dict:
     """Whether GPU peer-to-peer traffic is redirected to the root complex, and where.
+
+    ``unreadable`` says why no capability could be read (lspci missing, or run
+    without root): the verdict is then ``unknown`` with that reason, since a
+    bridge whose ACS nobody could read may still redirect.
 
     ``gpu_paths`` maps each GPU's bus id to the bridges above it (nearest first),
     when known (read live from sysfs). Without it, every redirecting bridge in
@@ -97,7 +101,9 @@ def judge_acs(entries: list[dict], gpu_paths: dict[str, list[str]] | None = None
                 blocking = [p for p in between if p in by_bdf and redirects(by_bdf[p])]
                 result["gpu_pairs"].append({"gpus": [a, b], "bridges": between, "redirecting": blocking})
         bad = [p for p in result["gpu_pairs"] if p["redirecting"]]
-        if bad:
+        if unreadable:
+            result.update(verdict="unknown", reason=unreadable)
+        elif bad:
             first = bad[0]
             result.update(
                 verdict="redirected",
@@ -107,7 +113,9 @@ def judge_acs(entries: list[dict], gpu_paths: dict[str, list[str]] | None = None
         else:
             result.update(verdict="clear", reason="No bridge between any two GPUs redirects peer-to-peer traffic.")
         return result
-    if not entries:
+    if unreadable:
+        result.update(verdict="unknown", reason=unreadable)
+    elif not entries:
         result.update(verdict="unknown", reason="No ACS capability was found (lspci needs root to show it).")
     elif redirecting:
         where = redirecting[0]["bdf"] or "a bridge (the input names no device)"

@@ -36,6 +36,8 @@ options:
     default: /
 notes:
   - "Without root, C(lspci) prints C(Capabilities: <access denied>) and no ACS; run it with C(become)."
+  - Without C(lspci) (package pciutils) or without root, the ACS verdict is V(unknown) with the reason, and the module
+    warns; the IOMMU settings and the bridges between GPUs are still read.
 """
 
 EXAMPLES = r"""
@@ -131,17 +133,26 @@ def _iommu_groups(root: str, bus_ids: list[str]) -> dict[str, str]:
     return groups
 
 
+NO_LSPCI = "Install pciutils (the gpubox.inference.base role does) or give a saved output in lspci_src."
+
+
 def main() -> None:
     module = build_module()
     module.run_command_environ_update = C_LOCALE
     root = module.params["sysfs_root"]
 
+    unreadable = None
     if module.params["lspci_src"]:
         lspci_text, what = read_src(module, "lspci_src"), f"lspci_src={module.params['lspci_src']}"
+    elif (lspci := module.get_bin_path("lspci")) is None:
+        unreadable = "lspci is not installed, so no ACS capability could be read. " + NO_LSPCI
+        lspci_text, what = "", "lspci"
     else:
-        lspci_text, what = run_checked(module, [module.get_bin_path("lspci", required=True), "-vvv"]), "lspci -vvv"
+        lspci_text, what = run_checked(module, [lspci, "-vvv"]), "lspci -vvv"
         if "<access denied>" in lspci_text:
-            module.warn("lspci could not read capabilities (not root?): ACS is unknown; run with become")
+            unreadable = "lspci could not read the capabilities (not root?), so ACS is unknown; run with become."
+    if unreadable:
+        module.warn(unreadable)
     try:
         entries = parse_lspci_acs(lspci_text)
     except AcsParseError as exc:
@@ -163,7 +174,8 @@ def main() -> None:
     if iommu["enabled"] is None and sysfs:
         iommu["enabled"] = bool(iommu["groups"]) or os.path.isdir(os.path.join(root, "sys", "class", "iommu"))
     gpu_paths = {b: sysfs[b]["parents"] for b in gpus}
-    module.exit_json(changed=False, iommu=iommu, acs=entries, acs_verdict=judge_acs(entries, gpu_paths or None))
+    verdict = judge_acs(entries, gpu_paths or None, unreadable)
+    module.exit_json(changed=False, iommu=iommu, acs=entries, acs_verdict=verdict)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,11 @@ def test_bridges_between_gpu_pairs_decide_when_paths_are_known():
     verdict = judge_acs(entries, paths)
     assert verdict["verdict"] == "redirected"
     assert verdict["gpu_pairs"][0]["redirecting"] == ["0000:02:00.0"]
+    # Nothing could be read (no lspci, or no root): unknown, whatever the paths, with the reason given.
+    verdict = judge_acs([], paths, unreadable="lspci is not installed.")
+    assert (verdict["verdict"], verdict["reason"]) == ("unknown", "lspci is not installed.")
+    assert verdict["gpu_pairs"][0]["gpus"] == ["0000:03:00.0", "0000:04:00.0"]
+    assert judge_acs([], None, unreadable="no root.")["reason"] == "no root."
 
 
 @pytest.mark.parametrize(

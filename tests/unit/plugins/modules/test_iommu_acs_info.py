@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-from conftest import FIXTURES, parse_capture, run_module
+from conftest import ANSIBLE_ENV, FIXTURES, parse_capture, run_module
 from hardware import bridge, gpu, make_sysfs
 
 EPYC = FIXTURES / "C_lspci" / "amd_epyc_gpp_bridge_40_01_1_acs_enabled_elided_plus_tv_subtree_rccl547.txt"
@@ -86,3 +87,27 @@ def test_damaged_acs_line_names_the_source_and_line(tmp_path: Path):
     result = run_module("iommu_acs_info", {"lspci_src": bad, "cmdline_src": saved(tmp_path, "c", "ro\n")})
     assert result["failed"] is True
     assert result["msg"].startswith(f"cannot read lspci_src={bad}: line 2: ACS flags ReqRedir")
+
+
+def test_without_lspci_acs_is_unknown_and_the_rest_is_read(tmp_path: Path, monkeypatch):
+    """The device check's H200 box has no pciutils: the module warns and says so instead of failing."""
+    root = make_sysfs(
+        tmp_path / "root",
+        {"pci0000:40/0000:40:01.1/0000:41:00.0": gpu(), "pci0000:40/0000:40:03.1/0000:42:00.0": gpu()},
+    )
+    # PATH with every command of this machine but lspci (get_bin_path also looks in the sbin folders: none has it).
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for folder in ("/usr/local/bin", "/usr/bin", "/bin"):
+        for command in Path(folder).iterdir():
+            if command.name != "lspci" and not (tools / command.name).exists():
+                (tools / command.name).symlink_to(command)
+    monkeypatch.setitem(ANSIBLE_ENV, "PATH", f"{Path(sys.executable).parent}{os.pathsep}{tools}")
+    result = run_module("iommu_acs_info", {"sysfs_root": str(root), "cmdline_src": saved(tmp_path, "c", "ro iommu=pt\n")})
+    assert result.get("failed") is not True, result
+    assert result["acs"] == []
+    assert result["acs_verdict"]["verdict"] == "unknown"
+    assert result["acs_verdict"]["reason"].startswith("lspci is not installed, so no ACS capability could be read.")
+    assert len(result["acs_verdict"]["gpu_pairs"]) == 1
+    assert result["iommu"]["mode"] == "passthrough"
+    assert any("lspci is not installed" in w for w in result["warnings"])
