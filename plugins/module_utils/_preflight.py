@@ -137,6 +137,20 @@ def _policy(pairs, group, bus_of, by_bus, policy) -> tuple[list[str], list[str]]
     return failures, warnings
 
 
+def _link(gpu: dict) -> str:
+    gen, width = gpu.get("pcie_gen_current"), gpu.get("pcie_width_current")
+    return " ".join(([f"Gen{gen}"] if gen else []) + ([f"x{width}"] if width else [])) or "link unknown"
+
+
+def _attached_to(gpu: dict) -> str:
+    """Where a GPU's link goes up: the chipset, a CPU root port, or straight onto the root bus (a VM's passthrough)."""
+    if gpu.get("behind_chipset"):
+        return "the chipset"
+    if gpu.get("root_port"):
+        return f"CPU root port {gpu['root_port']}"
+    return "the root bus, no PCIe bridge above it (as in a virtual machine)"
+
+
 def render_lines(report: dict, topology: dict, platform: dict, iommu: dict, acs: dict) -> list[str]:
     """The short human report printed at the end of the play, one line per fact."""
     lines = []
@@ -146,17 +160,14 @@ def render_lines(report: dict, topology: dict, platform: dict, iommu: dict, acs:
     lanes = f", {cpu['pcie_lanes']} PCIe lanes per socket" if cpu.get("pcie_lanes") else ""
     lines.append(f"CPU: {cpu.get('model') or 'unknown'} ({cpu.get('class') or 'unknown class'}{lanes})")
     names = [g["name"] for g in topology["gpus"]]
-    lines.append(
-        "Matrix: " + "  ".join(f"{a}-{b}={topology['links'][a][b]}" for i, a in enumerate(names) for b in names[i + 1 :])
-    )
+    links = "  ".join(f"{a}-{b}={topology['links'][a][b]}" for i, a in enumerate(names) for b in names[i + 1 :])
+    lines.append("Matrix: " + (links or "one GPU, no pair"))
     bus_of = _gpu_bus_ids(topology, platform)
     by_bus = {g["bus_id"]: g for g in platform.get("gpus", [])}
     for name in names:
         gpu = by_bus.get(bus_of.get(name) or "", {})
         if gpu:
-            where = "chipset" if gpu.get("behind_chipset") else f"CPU root port {gpu.get('root_port')}"
-            link = f"Gen{gpu.get('pcie_gen_current')} x{gpu.get('pcie_width_current')}"
-            lines.append(f"{name} {gpu['bus_id']}: {link} via {where}; {gpu.get('link_note')}")
+            lines.append(f"{name} {gpu['bus_id']}: {_link(gpu)} via {_attached_to(gpu)}; {gpu.get('link_note')}")
     flags = ", ".join(iommu.get("flags") or []) or "no IOMMU flags"
     lines.append(
         f"IOMMU: {iommu.get('mode', 'unknown')} ({flags}); ACS: {acs.get('verdict', 'unknown')}: {acs.get('reason', '')}"
@@ -193,8 +204,8 @@ def render_markdown(host: str, report: dict, topology: dict, platform: dict, iom
     by_bus = {g["bus_id"]: g for g in platform.get("gpus", [])}
     for gpu_entry in topology["gpus"]:
         gpu = by_bus.get(bus_of.get(gpu_entry["name"]) or "", {})
-        where = "chipset" if gpu.get("behind_chipset") else gpu.get("root_port") or "unknown"
-        link = f"Gen{gpu.get('pcie_gen_current')} x{gpu.get('pcie_width_current')}" if gpu else "unknown"
+        where = _attached_to(gpu) if gpu else "unknown"
+        link = _link(gpu) if gpu else "unknown"
         out.append(f"| {gpu_entry['name']} | {gpu.get('bus_id', '')} | {link} | {where} | {gpu.get('link_note', '')} |")
     out += ["", "## Pairs", "", "| pair | link | verdict | why |", "|---|---|---|---|"]
     for pair in report["pairs"]:

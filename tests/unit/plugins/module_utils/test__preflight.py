@@ -137,6 +137,31 @@ def test_downtrained_gpu_warns_or_fails_by_policy():
     assert combine(topo, plat, NO_ACS, {}, {**POLICY, "fail_on_downtrained": True})["failures"] == report["warnings"]
 
 
+def test_one_gpu_on_a_vms_root_bus_reads_as_such():
+    """The H200 of the device check: one GPU passed through onto the VM's root bus, no bridge, no lspci."""
+    topo = topology("1x_h200_driver580_ansi_underlined_header")
+    plat = platform(gpu("0000:00:06.0", behind_chipset=None, root_port=None, pcie_gen_current=5, pcie_width_current=16))
+    acs = judge_acs([], None, unreadable="lspci is not installed.")
+    result = build("h200", topo, plat, {"mode": "unknown", "flags": ["pci=realloc=off"]}, acs, POLICY)
+    assert result["verdict"] == "single_gpu"
+    assert result["lines"][1:3] == [
+        "Matrix: one GPU, no pair",
+        "GPU0 0000:00:06.0: Gen5 x16 via the root bus, no PCIe bridge above it (as in a virtual machine); ok",
+    ]
+    assert (
+        "| GPU0 | 0000:00:06.0 | Gen5 x16 | the root bus, no PCIe bridge above it (as in a virtual machine) | ok |"
+        in (result["markdown"])
+    )
+    two = topology("2gpu_aws_PIX_header_without_leading_tab_excerpt")
+    chipset = gpu("0000:04:00.0", behind_chipset=True, pcie_gen_current=4)
+    plat = platform(gpu("0000:01:00.0", root_port="0000:00:01.1"), chipset)
+    lines = build("box", two, plat, {}, NO_ACS, {**POLICY, "fail_on_chipset_gpu": False})["lines"]
+    assert [line.split(": ", 1)[1].split(";")[0] for line in lines if line.startswith(("GPU0 ", "GPU1 "))] == [
+        "link unknown via CPU root port 0000:00:01.1",
+        "Gen4 via the chipset",
+    ]
+
+
 def test_no_gpu_builds_a_one_line_report():
     result = build("box", {}, platform(), {}, {}, POLICY)
     assert result["verdict"] == "no_gpu"
