@@ -3,7 +3,8 @@
 """Private: measure and verify GPU peer-to-peer copies through the CUDA driver API (libcuda.so.1) with ctypes.
 
 The target host needs only the NVIDIA driver: no PyTorch, no CUDA toolkit. No
-Ansible imports. ``measure`` runs every pair in a child process under a
+Ansible imports. ``measure`` runs every pair, and each GPU's copies to and from
+pinned host memory (its PCIe link, measured), in a child process under a
 watchdog, so a copy that never returns (the classic broken-ACS hang) costs one
 ``timeout`` and is reported as ``hang`` instead of hanging the play. Tests load
 a stand-in libcuda built from tests/unit/fakes/libcuda.c; the code is the same.
@@ -157,6 +158,46 @@ def measure_pair(cuda: Driver, src: Gpu, dst: Gpu, settings: dict) -> dict:
     return result
 
 
+def measure_host(cuda: Driver, gpu: Gpu, settings: dict) -> dict:
+    """One GPU's link: host-to-device and device-to-host bandwidth from pinned memory, and a bit-exact round trip."""
+    size, reps = settings["bandwidth_bytes"], settings["repetitions"]
+    gpu.use()
+    host, back = ctypes.c_void_p(), ctypes.c_void_p()
+    cuda("cuMemAllocHost_v2", ctypes.byref(host), ctypes.c_size_t(size))
+    cuda("cuMemAllocHost_v2", ctypes.byref(back), ctypes.c_size_t(size))
+    device = gpu.alloc(size)
+    result: dict = {}
+    try:
+        for key, copy in (
+            ("host_to_device", lambda: cuda("cuMemcpyHtoDAsync_v2", device, host, ctypes.c_size_t(size), gpu.stream)),
+            ("device_to_host", lambda: cuda("cuMemcpyDtoHAsync_v2", host, device, ctypes.c_size_t(size), gpu.stream)),
+        ):
+            for _index in range(settings["warmup"]):
+                copy()
+            cuda("cuStreamSynchronize", gpu.stream)
+            seconds = _timed(cuda, gpu, lambda copy=copy: [copy() for _index in range(reps)])
+            result[f"{key}_gbps"] = size * reps / seconds / 1e9
+        expected = _pattern(size, 3)
+        ctypes.memmove(host, expected, size)
+        ctypes.memset(back, 0, size)
+        gpu.use()
+        cuda("cuMemcpyHtoDAsync_v2", device, host, ctypes.c_size_t(size), gpu.stream)
+        cuda("cuMemcpyDtoHAsync_v2", back, device, ctypes.c_size_t(size), gpu.stream)
+        cuda("cuStreamSynchronize", gpu.stream)
+        got = ctypes.string_at(back, size)
+        result["verified"] = got == expected
+        if result["verified"]:
+            result["verify_detail"] = f"a {size}-byte round trip arrived bit for bit"
+        else:
+            bad = sum(1 for x, y in zip(got, expected, strict=True) if x != y)
+            result["verify_detail"] = f"{size}-byte round trip: {bad} bytes differ"
+    finally:
+        gpu.free(device)
+        cuda("cuMemFreeHost", host)
+        cuda("cuMemFreeHost", back)
+    return result
+
+
 def _verify(cuda: Driver, src: Gpu, dst: Gpu, a, b, size: int, small: int) -> tuple[bool, str]:
     for length, seed in ((small, 1), (size, 2)):
         expected = _pattern(length, seed)
@@ -176,8 +217,11 @@ def _verify(cuda: Driver, src: Gpu, dst: Gpu, a, b, size: int, small: int) -> tu
     return True, f"{small}- and {size}-byte copies arrived bit for bit"
 
 
-def _worker(library: str, pairs: list[tuple[int, int]], settings: dict, connection) -> None:
-    """Child process: open the driver, announce each pair before measuring it, send its result after."""
+def _worker(library: str, jobs: list[tuple[int, ...]], settings: dict, connection) -> None:
+    """Child process: open the driver, announce each job before measuring it, send its result after.
+
+    A job is ``(i, j)``, the pair GPU i -> GPU j, or ``(i,)``, GPU i's copies to and from the host.
+    """
     try:
         cuda = Driver(library)
         cuda("cuInit", 0)
@@ -185,9 +229,13 @@ def _worker(library: str, pairs: list[tuple[int, int]], settings: dict, connecti
         cuda("cuDeviceGetCount", ctypes.byref(count))
         gpus = [Gpu(cuda, i) for i in range(count.value)]
         connection.send(("devices", [g.pci_bus_id for g in gpus]))
-        for i, j in pairs:
-            connection.send(("start", (i, j)))
-            connection.send(("pair", (i, j, measure_pair(cuda, gpus[i], gpus[j], settings))))
+        for job in jobs:
+            connection.send(("start", job))
+            if len(job) == 2:
+                result = measure_pair(cuda, gpus[job[0]], gpus[job[1]], settings)
+            else:
+                result = measure_host(cuda, gpus[job[0]], settings)
+            connection.send(("result", (job, result)))
         connection.send(("done", None))
     except CudaError as exc:
         connection.send(("error", str(exc)))
@@ -195,11 +243,11 @@ def _worker(library: str, pairs: list[tuple[int, int]], settings: dict, connecti
         connection.close()
 
 
-def _session(library: str, pairs: list[tuple[int, int]], settings: dict, timeout: float) -> dict:
-    """One child process over ``pairs``; stops at the first message that does not come within ``timeout``."""
+def _session(library: str, jobs: list[tuple[int, ...]], settings: dict, timeout: float) -> dict:
+    """One child process over ``jobs``; stops at the first message that does not come within ``timeout``."""
     context = multiprocessing.get_context("fork")
     parent, child = context.Pipe(duplex=False)
-    process = context.Process(target=_worker, args=(library, pairs, settings, child), daemon=True)
+    process = context.Process(target=_worker, args=(library, jobs, settings, child), daemon=True)
     process.start()
     child.close()
     session: dict = {"devices": None, "results": {}, "stuck": None, "error": None}
@@ -218,10 +266,10 @@ def _session(library: str, pairs: list[tuple[int, int]], settings: dict, timeout
                 session["devices"] = payload
             elif kind == "start":
                 current = tuple(payload)
-            elif kind == "pair":
-                i, j, result = payload
-                session["results"][(i, j)] = result
-                current = "between pairs"
+            elif kind == "result":
+                job, result = payload
+                session["results"][tuple(job)] = result
+                current = "between measurements"
             elif kind == "error":
                 session["error"] = payload
                 return session
@@ -232,35 +280,43 @@ def _session(library: str, pairs: list[tuple[int, int]], settings: dict, timeout
 
 
 def measure(library: str, settings: dict, timeout: float, pairs: list[tuple[int, int]] | None = None) -> dict:
-    """Measure ordered GPU pairs (all of them by default), each under a watchdog of ``timeout`` seconds.
+    """Measure each GPU's host link, then ordered GPU pairs (all of them by default), each under a watchdog of ``timeout`` s.
 
-    Returns ``devices`` (PCI bus ids), ``pairs`` (``(i, j)`` -> the pair's result, or
-    ``{"hang": True, ...}`` for a pair whose copy did not return) and ``error`` (a driver
-    error that stopped the run, else None).
+    Returns ``devices`` (PCI bus ids), ``host`` (GPU index -> its host link's result),
+    ``pairs`` (``(i, j)`` -> the pair's result), either result ``{"hang": True, ...}`` for a
+    copy that did not return, and ``error`` (a driver error that stopped the run, else None).
     """
-    out: dict = {"devices": [], "pairs": {}, "error": None}
+    out: dict = {"devices": [], "host": {}, "pairs": {}, "error": None}
     first = _session(library, [], settings, timeout)
     if first["error"] or first["devices"] is None:
         out["error"] = first["error"] or f"the driver did not answer within {timeout} s ({first['stuck']})"
         return out
     out["devices"] = first["devices"]
     count = len(out["devices"])
-    todo = list(pairs) if pairs is not None else [(i, j) for i in range(count) for j in range(count) if i != j]
+    todo: list[tuple[int, ...]] = [(i,) for i in range(count)]
+    todo += list(pairs) if pairs is not None else [(i, j) for i in range(count) for j in range(count) if i != j]
     while todo:
         session = _session(library, todo, settings, timeout)
-        for pair, result in session["results"].items():
-            out["pairs"][pair] = result
-            todo.remove(pair)
+        for job, result in session["results"].items():
+            _file(out, job, result)
+            todo.remove(job)
         if session["error"]:
             out["error"] = session["error"]
             break
         if isinstance(session["stuck"], tuple):
-            out["pairs"][session["stuck"]] = {"hang": True, "timeout_s": timeout}
+            _file(out, session["stuck"], {"hang": True, "timeout_s": timeout})
             todo.remove(session["stuck"])
         elif session["stuck"]:
             out["error"] = f"the driver did not answer within {timeout} s ({session['stuck']})"
             break
     return out
+
+
+def _file(out: dict, job: tuple[int, ...], result: dict) -> None:
+    if len(job) == 2:
+        out["pairs"][job] = result
+    else:
+        out["host"][job[0]] = result
 
 
 def _stop(process) -> None:

@@ -63,8 +63,38 @@ def from_measurement(measured: dict, links: dict[str, dict] | None = None) -> di
             "ratio_to_limit": round(bandwidth / limit, 2) if limit and bandwidth and status != "broken" else None,
         }
     facts = {"source": "measured", "gpus": count, "devices": measured["devices"], "matrices": matrices, "pairs": pairs}
+    facts["host_links"] = host_links(measured, links or {})
     facts["decisions"] = decide(pairs, count, verified=True)
+    if count < 2:
+        facts["reason"] = "fewer than two GPUs: no pair to measure, only each GPU's copies to and from the host"
     return facts
+
+
+def host_links(measured: dict, links: dict[str, dict]) -> dict[str, dict]:
+    """Each GPU's measured link to the host: both directions, the PCIe limit, and a bit-exact round trip.
+
+    ``ratio_to_limit`` uses the faster direction: what the link carried at best (a link trained to x4,
+    or to Gen1 under load, shows here as a low ratio whatever the host's memory does).
+    """
+    out = {}
+    for i, result in sorted((measured.get("host") or {}).items()):
+        bus = measured["devices"][i]
+        link = links.get(bus, {})
+        limit = pcie_limit_gbps(link.get("gen"), link.get("width"))
+        h2d, d2h = result.get("host_to_device_gbps"), result.get("device_to_host_gbps")
+        status = "hang" if result.get("hang") else "broken" if result.get("verified") is False else "ok"
+        best = max(h2d or 0, d2h or 0)
+        out[str(i)] = {
+            "bus_id": bus,
+            "status": status,
+            "host_to_device_gbps": round(h2d, 2) if h2d is not None else None,
+            "device_to_host_gbps": round(d2h, 2) if d2h is not None else None,
+            "verified": result.get("verified"),
+            "detail": result.get("verify_detail") or (f"no answer within {result['timeout_s']} s" if status == "hang" else None),
+            "pcie_limit_gbps": limit,
+            "ratio_to_limit": round(best / limit, 2) if limit and best and status == "ok" else None,
+        }
+    return out
 
 
 def from_report(report: dict) -> dict:

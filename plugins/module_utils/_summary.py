@@ -39,6 +39,26 @@ def _gpu_lines(gpu: dict) -> list[str]:
 
 
 def _p2p_lines(p2p: dict) -> list[str]:
+    return _pair_lines(p2p) + _host_link_lines(p2p)
+
+
+def _host_link_lines(p2p: dict) -> list[str]:
+    parts = []
+    for index, link in sorted((p2p.get("host_links") or {}).items(), key=lambda item: int(item[0])):
+        text = f"GPU{index} {link.get('status')}"
+        if link.get("status") == "ok":
+            text += f" to GPU {link['host_to_device_gbps']:.1f} GB/s, from GPU {link['device_to_host_gbps']:.1f} GB/s"
+            if link.get("ratio_to_limit") is not None:
+                text += f" ({link['ratio_to_limit']:.2f} of the link)"
+        parts.append(text)
+    return [f"Host links, {_how(p2p)}: " + "; ".join(parts)] if parts else []
+
+
+def _how(p2p: dict) -> str:
+    return "from the cache (same GPUs)" if p2p.get("cached") else p2p.get("source", "measured")
+
+
+def _pair_lines(p2p: dict) -> list[str]:
     if not p2p or not p2p.get("pairs"):
         return []
     bandwidth = (p2p.get("matrices") or {}).get("unidirectional_p2p_enabled") or []
@@ -52,8 +72,7 @@ def _p2p_lines(p2p: dict) -> list[str]:
             if result.get("ratio_to_limit") is not None:
                 text += f" ({result['ratio_to_limit']:.2f} of the link)"
         parts.append(text)
-    how = "from the cache (same GPUs)" if p2p.get("cached") else p2p.get("source", "measured")
-    return [f"P2P, {how}: " + "; ".join(parts)]
+    return [f"P2P, {_how(p2p)}: " + "; ".join(parts)]
 
 
 def _preflight_lines(preflight: dict) -> list[str]:

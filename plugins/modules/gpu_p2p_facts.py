@@ -12,6 +12,8 @@ version_added: 0.1.0
 description:
   - For every ordered GPU pair, measures unidirectional and bidirectional bandwidth with peer access enabled and
     through host staging (peer access disabled), and latency; compares each pair with the PCIe limit of its link.
+  - For every GPU, measures its copies to and from pinned host memory (C(host_links)), compares the faster direction
+    with the PCIe limit of its link and checks a round trip bit for bit. One GPU gets these numbers only.
   - Verifies correctness, copying a known pattern (a small and a large buffer) across every pair and comparing it bit
     for bit. A pair whose P2P copy loses or corrupts data is V(broken); one slower than the host-staged copy is
     V(slower_than_staged); one whose copy does not return within O(timeout) is V(hang), and the play goes on.
@@ -68,7 +70,7 @@ options:
     type: int
     default: 10
 notes:
-  - One GPU has no pair to measure; the facts say so.
+  - One GPU has no pair to measure; the facts say so in C(reason) and hold its host link only.
 """
 
 EXAMPLES = r"""
@@ -97,7 +99,9 @@ ansible_facts:
         - C(source) (V(measured), V(nvbandwidth), V(p2pBandwidthLatencyTest), or V(none) with a C(reason)),
           C(gpus) (count), C(devices), C(matrices) (test name -> rows of floats in GB/s or us, null for N/A),
           C(pairs) (C("i-j") -> C(status), C(can_access_peer), C(verified), C(detail), C(pcie_limit_gbps),
-          C(ratio_to_limit)), C(decisions), C(fingerprint) and C(cached).
+          C(ratio_to_limit)), C(host_links) (GPU index -> C(bus_id), C(status) V(ok), V(broken) or V(hang),
+          C(host_to_device_gbps), C(device_to_host_gbps), C(verified), C(detail), C(pcie_limit_gbps),
+          C(ratio_to_limit) of the faster direction), C(decisions), C(fingerprint) and C(cached).
       type: dict
       sample:
         source: measured
@@ -238,12 +242,9 @@ def main() -> None:
         settings = {**default_settings(), "bandwidth_bytes": module.params["bandwidth_mib"] * MIB}
         settings["repetitions"] = module.params["repetitions"]
         measured = measure(library_path(module.params["libcuda"]), settings, module.params["timeout"])
-        if measured["error"] and not measured["pairs"]:
+        if measured["error"] and not measured["pairs"] and not measured["host"]:
             facts = {"source": "none", "reason": measured["error"], "gpus": len(measured["devices"]), "pairs": {}}
             facts["decisions"] = decide({}, 0, verified=False)
-        elif len(measured["devices"]) < 2:
-            facts = {"source": "none", "reason": "fewer than two GPUs: no pair to measure", "gpus": len(measured["devices"])}
-            facts.update(devices=measured["devices"], pairs={}, decisions=decide({}, 0, verified=False))
         else:
             facts = from_measurement(measured, _links())
             if measured["error"]:

@@ -11,6 +11,9 @@
  *                       slow (takes 20x longer than a staged copy), hang (never returns)
  *   FAKE_CUDA_PAIR      "src-dst" the mode applies to (default: every pair)
  *   FAKE_CUDA_INIT_ERROR  when set, cuInit fails with CUDA_ERROR_NO_DEVICE (100)
+ *   FAKE_CUDA_HOST_MODE what an asynchronous copy between host and FAKE_CUDA_HOST_GPU
+ *                       does: ok (default), drop (copies nothing), hang (never returns)
+ *   FAKE_CUDA_HOST_GPU  the GPU index the host mode applies to (default: every GPU)
  * Copies are synchronous; events record the wall clock, so timings are real
  * memcpy timings of this machine (plus the modes' delays).
  */
@@ -35,6 +38,8 @@ enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, NO_DEVICE = 100, INVALID_
 static int initialised, devices = 2, peer = 1;
 static const char *mode = "ok";
 static int pair_src = -1, pair_dst = -1;
+static const char *host_mode = "ok";
+static int host_gpu = -1;
 static struct ctx contexts[64];
 
 /* Device allocations remember their device so a copy knows which pair it is. */
@@ -61,6 +66,8 @@ CUresult cuInit(unsigned int flags) {
     if ((v = getenv("FAKE_CUDA_PEER"))) peer = atoi(v);
     if ((v = getenv("FAKE_CUDA_MODE"))) mode = v;
     if ((v = getenv("FAKE_CUDA_PAIR"))) sscanf(v, "%d-%d", &pair_src, &pair_dst);
+    if ((v = getenv("FAKE_CUDA_HOST_MODE"))) host_mode = v;
+    if ((v = getenv("FAKE_CUDA_HOST_GPU"))) host_gpu = atoi(v);
     for (int i = 0; i < 64; i++) contexts[i].device = i;
     initialised = 1;
     return OK;
@@ -116,6 +123,25 @@ CUresult cuMemAllocHost_v2(void **p, size_t size) { *p = malloc(size); return *p
 CUresult cuMemFreeHost(void *p) { free(p); return OK; }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { memcpy((void *)(uintptr_t)dst, src, n); return OK; }
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { memcpy(dst, (void *)(uintptr_t)src, n); return OK; }
+
+/* Host <-> device copies on a stream, where FAKE_CUDA_HOST_MODE applies. */
+static CUresult host_copy(void *dst, const void *src, size_t n, int device) {
+    if ((host_gpu < 0 || host_gpu == device) && strcmp(host_mode, "ok")) {
+        if (!strcmp(host_mode, "drop")) return OK;
+        if (!strcmp(host_mode, "hang")) for (;;) pause();
+        return INVALID_VALUE;
+    }
+    memcpy(dst, src, n);
+    return OK;
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    (void)s;
+    return host_copy((void *)(uintptr_t)dst, src, n, device_of(dst));
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    (void)s;
+    return host_copy(dst, (void *)(uintptr_t)src, n, device_of(src));
+}
 
 CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, size_t n, CUstream s) {
     (void)s;

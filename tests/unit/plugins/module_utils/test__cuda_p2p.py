@@ -18,7 +18,8 @@ SMALL = {**default_settings(), "bandwidth_bytes": 2 * MIB, "repetitions": 3, "wa
 @pytest.fixture
 def fake(fake_libcuda, monkeypatch):
     def configure(**env):
-        for key in ("FAKE_CUDA_DEVICES", "FAKE_CUDA_PEER", "FAKE_CUDA_MODE", "FAKE_CUDA_PAIR", "FAKE_CUDA_INIT_ERROR"):
+        for key in ("DEVICES", "PEER", "MODE", "PAIR", "INIT_ERROR", "HOST_MODE", "HOST_GPU"):
+            key = f"FAKE_CUDA_{key}"
             monkeypatch.delenv(key, raising=False)
         for key, value in env.items():
             monkeypatch.setenv(f"FAKE_CUDA_{key.upper()}", str(value))
@@ -95,3 +96,37 @@ def test_four_gpus_give_twelve_ordered_pairs(fake):
     result = measure(fake(devices=4), {**SMALL, "bandwidth_bytes": MIB // 4}, timeout=10)
     assert len(result["pairs"]) == 12
     assert set(statuses(result).values()) == {"ok"}
+
+
+def test_every_gpus_host_link_is_measured_and_checked(fake):
+    result = measure(fake(devices=2), SMALL, timeout=10)
+    assert sorted(result["host"]) == [0, 1]
+    for link in result["host"].values():
+        assert link["host_to_device_gbps"] > 0
+        assert link["device_to_host_gbps"] > 0
+        assert link["verified"] is True
+        assert link["verify_detail"] == f"a {2 * MIB}-byte round trip arrived bit for bit"
+
+
+def test_one_gpu_is_measured_to_and_from_the_host_only(fake):
+    result = measure(fake(devices=1), SMALL, timeout=10)
+    assert result["error"] is None
+    assert result["pairs"] == {}
+    assert result["host"][0]["verified"] is True
+
+
+def test_a_host_copy_that_loses_data_is_caught(fake):
+    result = measure(fake(devices=2, host_mode="drop", host_gpu=1), SMALL, timeout=10)
+    assert result["host"][0]["verified"] is True
+    assert result["host"][1]["verified"] is False
+    assert result["host"][1]["verify_detail"].startswith(f"{2 * MIB}-byte round trip: ")
+    assert statuses(result) == {"0-1": "ok", "1-0": "ok"}
+
+
+def test_a_hanging_host_copy_costs_one_timeout_and_the_rest_is_measured(fake):
+    started = time.monotonic()
+    result = measure(fake(devices=2, host_mode="hang", host_gpu=0), SMALL, timeout=2)
+    assert result["host"][0] == {"hang": True, "timeout_s": 2}
+    assert result["host"][1]["verified"] is True
+    assert statuses(result) == {"0-1": "ok", "1-0": "ok"}
+    assert time.monotonic() - started < 2 + 5

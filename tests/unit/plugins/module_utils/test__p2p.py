@@ -101,3 +101,44 @@ def test_one_bad_direction_makes_the_pair_unusable():
     assert d["nccl_p2p_disable"] is True
     assert d["nccl_p2p_level"] is None
     assert d["reasons"] == ["NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce: GPU0-GPU1 P2P copies lose or corrupt data"]
+
+
+def test_host_links_compare_the_faster_direction_with_the_gpus_link():
+    measured = {
+        "devices": ["0000:01:00.0", "0000:04:00.0", "0000:05:00.0"],
+        "host": {
+            0: {"host_to_device_gbps": 24.81, "device_to_host_gbps": 26.33, "verified": True, "verify_detail": "fine"},
+            1: {"host_to_device_gbps": 3.1, "device_to_host_gbps": 2.9, "verified": True, "verify_detail": "fine"},
+            2: {"hang": True, "timeout_s": 5},
+        },
+        "pairs": {},
+        "error": None,
+    }
+    links = {"0000:01:00.0": {"gen": 4, "width": 16}, "0000:04:00.0": {"gen": 3, "width": 4}}
+    f = from_measurement(measured, links)
+    assert f["host_links"]["0"] == {
+        "bus_id": "0000:01:00.0",
+        "status": "ok",
+        "host_to_device_gbps": 24.81,
+        "device_to_host_gbps": 26.33,
+        "verified": True,
+        "detail": "fine",
+        "pcie_limit_gbps": 31.5,
+        "ratio_to_limit": 0.84,
+    }
+    assert (f["host_links"]["1"]["pcie_limit_gbps"], f["host_links"]["1"]["ratio_to_limit"]) == (3.9, 0.79)
+    assert f["host_links"]["2"]["status"] == "hang"
+    assert f["host_links"]["2"]["detail"] == "no answer within 5 s"
+    assert f["host_links"]["2"]["ratio_to_limit"] is None
+    assert f["decisions"]["pairs"] == {}
+
+
+def test_one_gpu_gives_its_host_link_and_says_there_is_no_pair():
+    bad = {"host_to_device_gbps": 50.0, "device_to_host_gbps": 51.0, "verified": False, "verify_detail": "3 bytes differ"}
+    f = from_measurement({"devices": ["0000:18:00.0"], "host": {0: bad}, "pairs": {}, "error": None}, {})
+    assert f["gpus"] == 1
+    assert f["reason"] == "fewer than two GPUs: no pair to measure, only each GPU's copies to and from the host"
+    assert f["host_links"]["0"]["status"] == "broken"
+    assert f["host_links"]["0"]["pcie_limit_gbps"] is None
+    assert f["host_links"]["0"]["ratio_to_limit"] is None
+    assert f["decisions"]["nccl_p2p_disable"] is False

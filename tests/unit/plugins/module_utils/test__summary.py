@@ -92,3 +92,19 @@ def test_a_run_that_deployed_nothing_says_so():
 def test_smoke_without_numbers():
     smoke = {"requests": 4, "succeeded": 0, "ttft_ms": {"p50": None}, "output_tokens_per_s": None, "buffering": {}}
     assert summary("h", {"smoke": smoke})[1] == "Smoke test: 0/4 streams OK"
+
+
+def test_host_links_follow_the_pairs_in_gpu_order():
+    links = {
+        "10": {"status": "hang"},
+        "2": {"status": "broken"},
+        "0": {"status": "ok", "host_to_device_gbps": 24.81, "device_to_host_gbps": 26.33, "ratio_to_limit": 0.84},
+        "1": {"status": "ok", "host_to_device_gbps": 3.1, "device_to_host_gbps": 2.9, "ratio_to_limit": None},
+    }
+    lines = summary("box", {"gpu_p2p": {**P2P, "host_links": links}})
+    assert lines[2] == (
+        "Host links, measured: GPU0 ok to GPU 24.8 GB/s, from GPU 26.3 GB/s (0.84 of the link); "
+        "GPU1 ok to GPU 3.1 GB/s, from GPU 2.9 GB/s; GPU2 broken; GPU10 hang"
+    )
+    one = summary("box", {"gpu_p2p": {"source": "measured", "cached": True, "pairs": {}, "host_links": {"0": links["0"]}}})
+    assert one[1].startswith("Host links, from the cache (same GPUs): GPU0 ok to GPU 24.8 GB/s")

@@ -50,11 +50,17 @@ def test_cache_is_keyed_by_fingerprint_and_skipped_in_check_mode(tmp_path: Path,
     assert p2p(run_module("gpu_p2p_facts", {**args, "fingerprint": "def"}))["cached"] is False
 
 
-def test_one_gpu_has_no_pair(tmp_path: Path, driver):
+def test_one_gpu_has_no_pair_but_its_host_link_is_measured(tmp_path: Path, driver):
     driver(devices=1)
-    facts = p2p(run_module("gpu_p2p_facts", {**FAST, "cache_path": str(tmp_path / "c")}))
-    assert facts["source"] == "none"
-    assert facts["reason"] == "fewer than two GPUs: no pair to measure"
+    facts = p2p(run_module("gpu_p2p_facts", {**FAST, "cache_path": str(tmp_path / "c"), "fingerprint": "one"}))
+    assert facts["source"] == "measured"
+    assert facts["reason"] == "fewer than two GPUs: no pair to measure, only each GPU's copies to and from the host"
+    assert facts["pairs"] == {}
+    assert list(facts["host_links"]) == ["0"]
+    assert facts["host_links"]["0"]["status"] == "ok"
+    assert facts["host_links"]["0"]["host_to_device_gbps"] > 0
+    assert facts["decisions"]["nccl_p2p_disable"] is False
+    assert json.loads((tmp_path / "c").read_text())["host_links"]["0"]["verified"] is True
 
 
 def test_no_driver_is_reported_not_failed(tmp_path: Path):
