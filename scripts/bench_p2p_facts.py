@@ -1,4 +1,4 @@
-"""Benchmark gpu_p2p_facts' own cost: a full measurement of 2 and 8 GPUs, and a cached run.
+"""Benchmark gpu_p2p_facts' own cost: a full measurement of 2 and 8 GPUs (pairs and host links), and a cached run.
 
 Runs the module through `ansible` against the stand-in libcuda (tests/unit/fakes/libcuda.c),
 so the numbers are the harness (child processes, watchdog, ctypes, verification, Ansible)
@@ -42,7 +42,8 @@ def main() -> None:
         for gpus in (2, 8):
             env["FAKE_CUDA_DEVICES"] = str(gpus)
             seconds, facts = run({"fingerprint": f"bench-{gpus}", "cache_path": str(cache), "force": True}, env)
-            print(f"{gpus} GPUs, {len(facts['pairs'])} ordered pairs measured and verified: {seconds:.1f} s")
+            measured = f"{len(facts['pairs'])} ordered pairs and {len(facts['host_links'])} host links"
+            print(f"{gpus} GPUs, {measured} measured and verified: {seconds:.1f} s")
         seconds, facts = run({"fingerprint": "bench-8", "cache_path": str(cache)}, env)
         print(f"8 GPUs from the cache (cached={facts['cached']}): {seconds:.2f} s, of which Ansible's own start is most")
 

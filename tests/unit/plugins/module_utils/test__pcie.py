@@ -30,6 +30,7 @@ LSPCI = {c.path.stem: c for c in captures("C_lspci")}
     ("stem", "bus_id", "gen", "width", "state", "downtrained"),
     [
         ("h100_sxm_della_q_pci_gen5_x16_p0_atomics", "0000:19:00.0", (5, 5, 5, 5), (16, 16), "P0", False),
+        ("h200_firecracker_vm_q_pci_gen5_x16_host_max_na_driver580", "0000:00:06.0", (5, 5, 5, None), (16, 16), "P0", False),
         (
             "laptop_tu117_asus_q_pci_gen3max_gen1cur_x16max_x8cur_driver575",
             "0000:01:00.0",
