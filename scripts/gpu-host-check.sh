@@ -6,6 +6,7 @@
 #   scripts/gpu-host-check.sh OUTDIR
 #
 # Needs ansible-core importable by python3 (or ANSIBLE_BIN naming an `ansible` command).
+# CHECK_PAIR_MIB: the copy sizes of the device-local pair run, in MiB (default "64 1024").
 # Writes OUTDIR/check.log (what ran, module results in short) and OUTDIR/captures.tar.gz.
 # Exit status 0 when every module ran without failing, else 1.
 set -uo pipefail
@@ -26,7 +27,7 @@ export ANSIBLE_COLLECTIONS_PATH=$collections ANSIBLE_ROLES_PATH=$root/roles ANSI
 export ANSIBLE_LOCALHOST_WARNING=0 ANSIBLE_INVENTORY_UNPARSED_WARNING=0 ANSIBLE_STDOUT_CALLBACK=default
 export ANSIBLE_LOAD_CALLBACK_PLUGINS=1 ANSIBLE_CALLBACK_RESULT_FORMAT=json
 unset ANSIBLE_CONFIG
-cd "$collections" # no ansible.cfg here: the checkout's would name callbacks this host may not have
+cd "$collections" || exit 1 # no ansible.cfg here: the checkout's would name callbacks this host may not have
 ansible=${ANSIBLE_BIN:-ansible}
 python=$(command -v python3)
 
@@ -45,13 +46,19 @@ for kind in r w n; do capture "topo-p2p-$kind" nvidia-smi topo -p2p "$kind"; don
 capture lspci-vvv lspci -vvv
 capture lspci-tv lspci -tv
 capture cmdline cat /proc/cmdline
-capture cpuinfo-head sh -c 'head -n 30 /proc/cpuinfo'
-capture sys-pci-devices sh -c 'ls -l /sys/bus/pci/devices/'
-capture sys-pci-links sh -c 'for d in /sys/bus/pci/devices/*; do printf "%s %s %s %s %s %s %s\n" \
-    "${d##*/}" "$(cat $d/vendor $d/class 2>/dev/null | tr "\n" " ")" "$(cat $d/current_link_speed 2>&1)" \
-    "x$(cat $d/current_link_width 2>&1)" "$(cat $d/max_link_speed 2>&1)" "x$(cat $d/max_link_width 2>&1)" \
-    "$(readlink -f $d)"; done'
-capture iommu-groups sh -c 'ls /sys/kernel/iommu_groups/ 2>&1 | head -n 50'
+capture cpuinfo-head head -n 30 /proc/cpuinfo
+pci_links() { # each PCI device: vendor, class, current and max link, and where it sits in the tree
+    local d
+    for d in /sys/bus/pci/devices/*; do
+        echo "${d##*/} $(cat "$d/vendor" "$d/class" | tr '\n' ' ')$(cat "$d/current_link_speed" 2>/dev/null)" \
+            "x$(cat "$d/current_link_width" 2>/dev/null) max $(cat "$d/max_link_speed" 2>/dev/null)" \
+            "x$(cat "$d/max_link_width" 2>/dev/null) $(readlink -f "$d")"
+    done
+}
+pci_links >"$out/captures/sys-pci-links.txt" 2>&1
+say "capture sys-pci-links: $(wc -l <"$out/captures/sys-pci-links.txt") devices <- /sys/bus/pci/devices/*"
+capture sys-pci-devices ls -l /sys/bus/pci/devices/
+capture iommu-groups ls /sys/kernel/iommu_groups/
 
 failed=0
 module() { # name args: run one module through Ansible on this host, keep its JSON
@@ -85,10 +92,11 @@ module gpu_p2p_facts "cache_path=$out/captures/p2p.fact fingerprint=check timeou
 # The P2P measuring code on a device-local "pair" (GPU0 to itself): every driver call of a pair's
 # measurement and check, against the real driver, on a machine with one GPU.
 say "measure_pair GPU0 -> GPU0 (device-local copies through the pair code):"
-PYTHONPATH=$collections "$python" - <<'EOF' 2>&1 | tee -a "$log"
+PYTHONPATH=$collections "$python" - "${CHECK_PAIR_MIB:-64 1024}" <<'EOF' 2>&1 | tee -a "$log"
 import json
+import sys
 from ansible_collections.gpubox.inference.plugins.module_utils._cuda_p2p import default_settings, library_path, measure
-for mib in (64, 1024):
+for mib in map(int, sys.argv[1].split()):
     settings = {**default_settings(), "bandwidth_bytes": mib * 1024 * 1024}
     result = measure(library_path(None), settings, 60, pairs=[(0, 0)])
     pair = result["pairs"].get((0, 0))
