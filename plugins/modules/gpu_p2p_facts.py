@@ -77,11 +77,11 @@ EXAMPLES = r"""
 - name: Read the GPU set
   gpubox.inference.gpu_facts:
 
-- name: Measure P2P once per GPU set
+- name: Measure the host links and P2P once per GPU set (one GPU gets its host link)
   gpubox.inference.gpu_p2p_facts:
     fingerprint: "{{ ansible_facts.gpu.fingerprint }}"
   become: true
-  when: ansible_facts.gpu.count | int > 1
+  when: ansible_facts.gpu.count | int > 0
 
 - name: Import a saved p2pBandwidthLatencyTest run
   gpubox.inference.gpu_p2p_facts:
