@@ -116,7 +116,7 @@ cat >"$out/captures/preflight.yml" <<EOF
   roles:
     - preflight
 EOF
-"${ANSIBLE_BIN:-ansible}-playbook" -i localhost, "$out/captures/preflight.yml" >"$out/captures/preflight.log" 2>&1
+"$ansible-playbook" -i localhost, "$out/captures/preflight.yml" >"$out/captures/preflight.log" 2>&1
 rc=$?
 say "preflight: rc=$rc"
 [ $rc -eq 0 ] || failed=1

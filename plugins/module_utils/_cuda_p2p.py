@@ -167,11 +167,15 @@ def measure_host(cuda: Driver, gpu: Gpu, settings: dict) -> dict:
     cuda("cuMemAllocHost_v2", ctypes.byref(back), ctypes.c_size_t(size))
     device = gpu.alloc(size)
     result: dict = {}
+
+    def to_device() -> None:
+        cuda("cuMemcpyHtoDAsync_v2", device, host, ctypes.c_size_t(size), gpu.stream)
+
+    def to_host(target=host) -> None:
+        cuda("cuMemcpyDtoHAsync_v2", target, device, ctypes.c_size_t(size), gpu.stream)
+
     try:
-        for key, copy in (
-            ("host_to_device", lambda: cuda("cuMemcpyHtoDAsync_v2", device, host, ctypes.c_size_t(size), gpu.stream)),
-            ("device_to_host", lambda: cuda("cuMemcpyDtoHAsync_v2", host, device, ctypes.c_size_t(size), gpu.stream)),
-        ):
+        for key, copy in (("host_to_device", to_device), ("device_to_host", to_host)):
             for _index in range(settings["warmup"]):
                 copy()
             cuda("cuStreamSynchronize", gpu.stream)
@@ -180,9 +184,8 @@ def measure_host(cuda: Driver, gpu: Gpu, settings: dict) -> dict:
         expected = _pattern(size, 3)
         ctypes.memmove(host, expected, size)
         ctypes.memset(back, 0, size)
-        gpu.use()
-        cuda("cuMemcpyHtoDAsync_v2", device, host, ctypes.c_size_t(size), gpu.stream)
-        cuda("cuMemcpyDtoHAsync_v2", back, device, ctypes.c_size_t(size), gpu.stream)
+        to_device()
+        to_host(back)
         cuda("cuStreamSynchronize", gpu.stream)
         got = ctypes.string_at(back, size)
         result["verified"] = got == expected
