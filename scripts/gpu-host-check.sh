@@ -58,6 +58,16 @@ pci_links() { # each PCI device: vendor, class, current and max link, and where 
 pci_links >"$out/captures/sys-pci-links.txt" 2>&1
 say "capture sys-pci-links: $(wc -l <"$out/captures/sys-pci-links.txt") devices <- /sys/bus/pci/devices/*"
 capture sys-pci-devices ls -l /sys/bus/pci/devices/
+pci_config() { # each device's configuration space as lspci -xxxx prints it, so `lspci -F` reads it anywhere
+    local d
+    for d in /sys/bus/pci/devices/*; do
+        echo "${d##*/} class $(cat "$d/class")"
+        od -An -tx1 -v -w16 "$d/config" | awk '{ printf "%02x:%s\n", (NR - 1) * 16, $0 }'
+        echo
+    done
+}
+pci_config >"$out/captures/sys-pci-config.txt" 2>&1
+say "capture sys-pci-config: $(grep -c ' class ' "$out/captures/sys-pci-config.txt") devices <- /sys/bus/pci/devices/*/config"
 capture iommu-groups ls /sys/kernel/iommu_groups/
 
 failed=0

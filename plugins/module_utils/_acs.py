@@ -1,6 +1,6 @@
 # Copyright (c) gpubox.inference contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Private: read PCIe ACS from ``lspci -vvv`` and IOMMU settings from the kernel command line.
+"""Private: read PCIe ACS (``lspci -vvv`` or raw config space) and IOMMU settings (the kernel command line).
 
 Pure functions, text in and data out, no Ansible imports. ACS (Access Control
 Services) on a PCIe bridge decides whether a peer-to-peer request between two
@@ -25,6 +25,14 @@ REDIRECT_FLAGS = ("ReqRedir", "CmpltRedir", "EgressCtrl")
 _DEVICE_HEADER_RE = re.compile(r"^(?P<bdf>(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+(?P<desc>\S.*)$")
 _ACS_LINE_RE = re.compile(r"^\s*(?P<kind>ACSCap|ACSCtl)\s*:\s*(?P<flags>.*)$")
 _FLAG_RE = re.compile(r"\b(" + "|".join(ACS_FLAGS) + r")([+-])")
+
+# The PCI Express extended capability of Access Control Services: after its 4-byte header
+# come the 16-bit capability and control registers, bit i standing for ACS_FLAGS[i] in both.
+ACS_EXT_CAP_ID = 0x000D
+_EXT_CAP_START = 0x100  # where the extended capability list starts; conventional PCI ends here
+# Class codes of /sys/bus/pci/devices/*/class (base class and subclass) named as lspci names them.
+_CLASS_NAMES = {"0x0600": "Host bridge", "0x0604": "PCI bridge", "0x0300": "VGA compatible controller",
+                "0x0302": "3D controller"}  # fmt: skip
 
 
 class AcsParseError(ValueError):
@@ -69,17 +77,80 @@ def parse_lspci_acs(text: str) -> list[dict]:
     return entries
 
 
+def parse_config_acs(config: bytes) -> dict | None:
+    """The ACS capability in one device's configuration space (``/sys/bus/pci/devices/<bdf>/config``).
+
+    Walks the extended capability list from offset 0x100 and returns ``cap`` and
+    ``ctl`` as booleans keyed as in parse_lspci_acs, or None when the device has
+    no ACS capability or no extended space (256 bytes or fewer: conventional PCI,
+    or a read without root, which the caller tells apart by the file's size).
+    Raises AcsParseError for a list that loops or points outside the space.
+    """
+    offset, seen = _EXT_CAP_START, set()
+    while offset and len(config) > _EXT_CAP_START:
+        if offset in seen or offset < _EXT_CAP_START or offset + 8 > len(config):
+            raise AcsParseError(f"the extended capability list points to {offset:#x}, "
+                                f"{'again' if offset in seen else f'outside the {len(config)}-byte space'}")  # fmt: skip
+        seen.add(offset)
+        header = int.from_bytes(config[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):  # no extended capabilities, or the device is gone
+            return None
+        if header & 0xFFFF == ACS_EXT_CAP_ID:
+            registers = [int.from_bytes(config[at : at + 2], "little") for at in (offset + 4, offset + 6)]
+            cap, ctl = ({name: bool(value >> bit & 1) for bit, name in enumerate(ACS_FLAGS)} for value in registers)
+            return {"cap": cap, "ctl": ctl}
+        offset = header >> 20 & 0xFFC
+    return None
+
+
+def sysfs_acs(devices: dict[str, dict]) -> tuple[list[dict], str | None]:
+    """ACS entries, as parse_lspci_acs gives them, from each device's configuration space read in /sys.
+
+    ``devices``: bus id -> ``config`` (the bytes read, or None when there is no
+    file), ``size`` (the file's size: 256 or 4096), ``class``, ``vendor`` and
+    ``device`` (as in /sys). Returns the entries in bus order and, when some
+    space could not be read whole, why ACS is unknown (the kernel gives only the
+    first 64 bytes to a reader without root).
+    """
+    read = {bdf: d for bdf, d in devices.items() if d.get("config") is not None}
+    if not read:
+        return [], "no PCI configuration space could be read in /sys"
+    short = sorted(bdf for bdf, d in read.items() if len(d["config"]) < (d.get("size") or 0))
+    if short:
+        return [], (f"the PCI configuration space in /sys gives only its first {len(read[short[0]]['config'])} bytes "
+                    f"of {short[0]} (not root?)")  # fmt: skip
+    entries = []
+    for bdf in sorted(read):
+        try:
+            acs = parse_config_acs(read[bdf]["config"])
+        except AcsParseError as exc:
+            raise AcsParseError(f"{bdf}: {exc}") from None
+        if acs:
+            info = read[bdf]
+            name = _CLASS_NAMES.get((info.get("class") or "")[:6], f"class {(info.get('class') or '?')[:6]}")
+            ids = f"{(info.get('vendor') or '?').removeprefix('0x')}:{(info.get('device') or '?').removeprefix('0x')}"
+            entries.append({"bdf": bdf, "description": f"{name} [{ids}]", **acs})
+    return entries, None
+
+
 def redirects(entry: dict) -> list[str]:
     """The control bits of one ACS entry that redirect P2P traffic."""
     return [flag for flag in REDIRECT_FLAGS if entry["ctl"].get(flag)]
 
 
-def judge_acs(entries: list[dict], gpu_paths: dict[str, list[str]] | None = None, unreadable: str | None = None) -> dict:
+def judge_acs(
+    entries: list[dict],
+    gpu_paths: dict[str, list[str]] | None = None,
+    unreadable: str | None = None,
+    complete: bool = False,
+) -> dict:
     """Whether GPU peer-to-peer traffic is redirected to the root complex, and where.
 
     ``unreadable`` says why no capability could be read (lspci missing, or run
     without root): the verdict is then ``unknown`` with that reason, since a
-    bridge whose ACS nobody could read may still redirect.
+    bridge whose ACS nobody could read may still redirect. ``complete`` says the
+    entries are every ACS capability of the host (read from each device's
+    configuration space), so none at all means nothing can redirect.
 
     ``gpu_paths`` maps each GPU's bus id to the bridges above it (nearest first),
     when known (read live from sysfs). Without it, every redirecting bridge in
@@ -115,6 +186,8 @@ def judge_acs(entries: list[dict], gpu_paths: dict[str, list[str]] | None = None
         return result
     if unreadable:
         result.update(verdict="unknown", reason=unreadable)
+    elif not entries and complete:
+        result.update(verdict="clear", reason="No PCI device has an ACS capability, so none redirects peer-to-peer traffic.")
     elif not entries:
         result.update(verdict="unknown", reason="No ACS capability was found (lspci needs root to show it).")
     elif redirecting:

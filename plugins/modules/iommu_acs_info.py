@@ -13,6 +13,8 @@ description:
   - Reads every PCIe Access Control Services capability from C(lspci -vvv) (run on the host as root, or from
     O(lspci_src), whole or just the C(ACSCtl) lines people grep), and the IOMMU settings from the kernel command
     line (C(/proc/cmdline) or O(cmdline_src)).
+  - On a host without C(lspci), reads the ACS capabilities from each device's configuration space in
+    C(/sys/bus/pci/devices/*/config) instead, which needs root too.
   - Says whether P2P traffic between GPUs is redirected up to the root complex, the classic cause of NCCL hangs and
     slow all-reduce on consumer and workstation boards. Read live, it follows each GPU's bridges in /sys to name the
     ones that sit between each GPU pair, and reports each GPU's IOMMU group.
@@ -36,8 +38,9 @@ options:
     default: /
 notes:
   - "Without root, C(lspci) prints C(Capabilities: <access denied>) and no ACS; run it with C(become)."
-  - Without C(lspci) (package pciutils) or without root, the ACS verdict is V(unknown) with the reason, and the module
-    warns; the IOMMU settings and the bridges between GPUs are still read.
+  - Without root, or without both C(lspci) (package pciutils) and a readable configuration space in /sys, the ACS
+    verdict is V(unknown) with the reason, and the module warns; the IOMMU settings and the bridges between GPUs are
+    still read.
 """
 
 EXAMPLES = r"""
@@ -89,6 +92,13 @@ acs:
   sample: [{"bdf": "40:01.1", "description": "PCI bridge: ...", "cap": {"SrcValid": true},
             "ctl": {"SrcValid": true, "TransBlk": false, "ReqRedir": true, "CmpltRedir": true,
                     "UpstreamFwd": true, "EgressCtrl": false, "DirectTrans": false}}]
+acs_source:
+  description:
+    - Where the ACS capabilities were read; V(lspci -vvv), V(lspci_src), or V(sysfs) (each device's configuration
+      space in /sys, on a host without C(lspci)).
+  returned: success
+  type: str
+  sample: lspci -vvv
 acs_verdict:
   description:
     - C(verdict) (V(redirected), V(clear), V(unknown)) and C(reason) in one sentence; C(redirecting) lists the bridges
@@ -108,6 +118,7 @@ from ansible_collections.gpubox.inference.plugins.module_utils._acs import (
     judge_acs,
     parse_cmdline,
     parse_lspci_acs,
+    sysfs_acs,
 )
 from ansible_collections.gpubox.inference.plugins.module_utils._module_io import C_LOCALE, read_src, run_checked
 from ansible_collections.gpubox.inference.plugins.module_utils._pcie import nvidia_gpus, read_sysfs_pci
@@ -136,27 +147,49 @@ def _iommu_groups(root: str, bus_ids: list[str]) -> dict[str, str]:
 NO_LSPCI = "Install pciutils (the gpubox.inference.base role does) or give a saved output in lspci_src."
 
 
+def _configs(root: str, sysfs: dict[str, dict]) -> dict[str, dict]:
+    """Each device's configuration space as /sys gives it to this user, with the file's full size."""
+    devices = {}
+    for bdf, info in sysfs.items():
+        path = os.path.join(root, "sys", "bus", "pci", "devices", bdf, "config")
+        try:
+            with open(path, "rb") as handle:
+                config = handle.read()
+            size = os.path.getsize(path)
+        except OSError:
+            config, size = None, None
+        devices[bdf] = {**info, "config": config, "size": size}
+    return devices
+
+
 def main() -> None:
     module = build_module()
     module.run_command_environ_update = C_LOCALE
     root = module.params["sysfs_root"]
 
+    sysfs = read_sysfs_pci(root) if not module.params["lspci_src"] or root != "/" else {}
     unreadable = None
-    if module.params["lspci_src"]:
-        lspci_text, what = read_src(module, "lspci_src"), f"lspci_src={module.params['lspci_src']}"
-    elif (lspci := module.get_bin_path("lspci")) is None:
-        unreadable = "lspci is not installed, so no ACS capability could be read. " + NO_LSPCI
-        lspci_text, what = "", "lspci"
-    else:
-        lspci_text, what = run_checked(module, [lspci, "-vvv"]), "lspci -vvv"
-        if "<access denied>" in lspci_text:
-            unreadable = "lspci could not read the capabilities (not root?), so ACS is unknown; run with become."
-    if unreadable:
-        module.warn(unreadable)
+    lspci = None if module.params["lspci_src"] else module.get_bin_path("lspci")
     try:
-        entries = parse_lspci_acs(lspci_text)
+        if module.params["lspci_src"]:
+            source, what = "lspci_src", f"lspci_src={module.params['lspci_src']}"
+            entries = parse_lspci_acs(read_src(module, "lspci_src"))
+        elif lspci is None:
+            # No pciutils (as on the device check's H200 VM): the same capabilities, read from the raw bytes.
+            source, what = "sysfs", f"the PCI configuration space under {os.path.join(root, 'sys')}"
+            entries, why = sysfs_acs(_configs(root, sysfs))
+            if why:
+                unreadable = f"lspci is not installed and {why}, so ACS is unknown. {NO_LSPCI}"
+        else:
+            source = what = "lspci -vvv"
+            lspci_text = run_checked(module, [lspci, "-vvv"])
+            if "<access denied>" in lspci_text:
+                unreadable = "lspci could not read the capabilities (not root?), so ACS is unknown; run with become."
+            entries = parse_lspci_acs(lspci_text)
     except AcsParseError as exc:
         module.fail_json(msg=f"cannot read {what}: {exc}")
+    if unreadable:
+        module.warn(unreadable)
 
     if module.params["cmdline_src"]:
         cmdline = read_src(module, "cmdline_src")
@@ -168,14 +201,13 @@ def main() -> None:
             cmdline = ""
     iommu = parse_cmdline(cmdline)
 
-    sysfs = read_sysfs_pci(root) if not module.params["lspci_src"] or root != "/" else {}
     gpus = nvidia_gpus(sysfs)
     iommu["groups"] = _iommu_groups(root, gpus)
     if iommu["enabled"] is None and sysfs:
         iommu["enabled"] = bool(iommu["groups"]) or os.path.isdir(os.path.join(root, "sys", "class", "iommu"))
     gpu_paths = {b: sysfs[b]["parents"] for b in gpus}
-    verdict = judge_acs(entries, gpu_paths or None, unreadable)
-    module.exit_json(changed=False, iommu=iommu, acs=entries, acs_verdict=verdict)
+    verdict = judge_acs(entries, gpu_paths or None, unreadable, complete=source == "sysfs")
+    module.exit_json(changed=False, iommu=iommu, acs=entries, acs_source=source, acs_verdict=verdict)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,35 @@ def gpu(cur_speed="16.0 GT/s PCIe", cur_width="16", max_speed="16.0 GT/s PCIe", 
     }
 
 
+def config_space(acs: tuple[int, int] | None, vendor=0x1022, device=0x1483, class_code=0x0604, size=4096) -> bytes:
+    """A PCIe bridge's configuration space, as /sys/bus/pci/devices/<bdf>/config gives it to root.
+
+    The extended capability list holds Advanced Error Reporting at 0x100, then,
+    when ``acs`` is (capability register, control register), Access Control
+    Services at 0x148 (capabilities sit on 4-byte boundaries, as 0x148 and 0x10c
+    in a PLX switch port's space). ``size`` 256 is a device without extended space.
+    """
+    config = bytearray(size)
+    config[0:4] = vendor.to_bytes(2, "little") + device.to_bytes(2, "little")
+    config[0x06] = 0x10  # status: a capability list follows
+    config[0x0A:0x0C] = class_code.to_bytes(2, "little")
+    config[0x0E] = 0x01 if class_code == 0x0604 else 0x00  # header type: bridge or endpoint
+    config[0x34] = 0x40  # the PCI Express capability, a root port's (version 2, type 4)
+    config[0x40:0x44] = bytes([0x10, 0x00, 0x42, 0x00])
+    if size > 0x100:
+        config[0x100:0x104] = (0x0001 | 1 << 16 | (0x148 if acs else 0) << 20).to_bytes(4, "little")
+        if acs:
+            config[0x148:0x14C] = (0x000D | 1 << 16).to_bytes(4, "little")
+            config[0x14C:0x150] = acs[0].to_bytes(2, "little") + acs[1].to_bytes(2, "little")
+    return bytes(config)
+
+
+def lspci_dump(bdf: str, config: bytes) -> str:
+    """``config`` as ``lspci -xxxx`` prints it, which ``lspci -F`` reads back."""
+    rows = (f"{at:02x}: " + " ".join(f"{b:02x}" for b in config[at : at + 16]) for at in range(0, len(config), 16))
+    return f"{bdf} PCI bridge: test\n" + "\n".join(rows) + "\n\n"
+
+
 RYZEN_CHIPSET = {
     "pci0000:00/0000:00:01.1": bridge(),
     "pci0000:00/0000:00:01.1/0000:01:00.0": gpu(),

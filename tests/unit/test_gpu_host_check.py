@@ -3,6 +3,7 @@ stand-in nvidia-smi, the stand-in pynvml and libcuda with one GPU, and this mach
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tarfile
 from pathlib import Path
@@ -55,6 +56,12 @@ def test_the_check_runs_every_module_and_keeps_what_they_read(tmp_path: Path, fa
     with tarfile.open(out / "captures.tar.gz") as archive:
         names = set(archive.getnames())
         topo = archive.extractfile("captures/topo-m.txt").read()
+        config = archive.extractfile("captures/sys-pci-config.txt").read().decode()
     assert {"captures/module-gpu_p2p_facts.json", "captures/cmdline.txt", "captures/sys-pci-links.txt"} <= names
+    # This machine's configuration spaces, in the dump format `lspci -F` reads (the first device's first row).
+    first = sorted(os.listdir("/sys/bus/pci/devices"))[0]
+    row = " ".join(f"{b:02x}" for b in Path(f"/sys/bus/pci/devices/{first}/config").read_bytes()[:16])
+    assert config.startswith(f"{first} class ")
+    assert f"\n00: {row}\n" in config
     assert topo == parse_capture(H200["topo -m"]).text.encode()
     assert "\x1b[4m" in topo.decode()

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 from conftest import captures
+from hardware import config_space, lspci_dump
 
 from ansible_collections.gpubox.inference.plugins.module_utils._acs import (
     ACS_FLAGS,
     AcsParseError,
     judge_acs,
     parse_cmdline,
+    parse_config_acs,
     parse_lspci_acs,
     redirects,
+    sysfs_acs,
 )
 
 CAPS = {c.path.stem: c for c in captures("C_lspci")}
@@ -119,6 +125,89 @@ def test_bridges_between_gpu_pairs_decide_when_paths_are_known():
     assert (verdict["verdict"], verdict["reason"]) == ("unknown", "lspci is not installed.")
     assert verdict["gpu_pairs"][0]["gpus"] == ["0000:03:00.0", "0000:04:00.0"]
     assert judge_acs([], None, unreadable="no root.")["reason"] == "no root."
+
+
+def register(flags: dict[str, bool]) -> int:
+    """An ACS capability or control register with these flags set (bit i is ACS_FLAGS[i])."""
+    return sum(1 << bit for bit, name in enumerate(ACS_FLAGS) if flags[name])
+
+
+# Every ACSCap/ACSCtl pair the captures hold, the settings real bridges have (a grepped ACSCtl line
+# without its ACSCap gets every capability).
+REAL_PAIRS = sorted({(register(e["cap"] or dict.fromkeys(ACS_FLAGS, True)), register(e["ctl"])) for s in CAPS for e in acs(s)})
+
+
+def test_the_captures_hold_several_real_settings():
+    # Redirecting and not, SrcValid alone, full and partial capabilities.
+    assert {(0x5F, 0x1D), (0x7F, 0x00), (0x7F, 0x01)} <= set(REAL_PAIRS)
+
+
+@pytest.mark.parametrize(("cap", "ctl"), REAL_PAIRS, ids=lambda v: f"{v:#04x}")
+def test_config_space_reads_as_lspci_decodes_it(cap, ctl, tmp_path):
+    """The raw reader against the real lspci decoding the same bytes (``lspci -F`` reads a dump)."""
+    config = config_space((cap, ctl))
+    got = parse_config_acs(config)
+    assert (register(got["cap"]), register(got["ctl"])) == (cap, ctl)
+    if not shutil.which("lspci"):
+        pytest.skip("lspci is not installed: the bytes are checked, not lspci's reading of them")
+    dump = tmp_path / "dump"
+    dump.write_text(lspci_dump("40:01.1", config))
+    decoded = subprocess.run(["lspci", "-F", str(dump), "-vvv"], capture_output=True, text=True, check=True).stdout
+    (entry,) = parse_lspci_acs(decoded)
+    assert (entry["cap"], entry["ctl"]) == (got["cap"], got["ctl"])
+
+
+def test_config_space_without_acs():
+    assert parse_config_acs(config_space(None)) is None  # AER only
+    assert parse_config_acs(config_space(None, size=256)) is None  # conventional PCI: no extended space
+    assert parse_config_acs(config_space((0x5F, 0x1D))[:64]) is None  # what a reader without root gets
+    assert parse_config_acs(bytes(4096)) is None  # an empty list
+    assert parse_config_acs(b"\xff" * 4096) is None  # a device that is gone reads all ones
+
+
+def test_a_broken_capability_list_is_named():
+    looped = bytearray(config_space(None))
+    looped[0x100:0x104] = (0x0001 | 1 << 16 | 0x100 << 20).to_bytes(4, "little")
+    with pytest.raises(AcsParseError, match=r"points to 0x100, again"):
+        parse_config_acs(bytes(looped))
+    with pytest.raises(AcsParseError, match=r"points to 0x148, outside the 320-byte space"):
+        parse_config_acs(config_space((0x5F, 0x1D))[:0x140])
+
+
+def test_sysfs_acs_names_devices_and_says_when_it_cannot_read():
+    redirecting, off = config_space((0x5F, 0x1D)), config_space((0x7F, 0x00), vendor=0x10B5, device=0x8747)
+    devices = {
+        "0000:40:01.1": {"config": redirecting, "size": 4096, "class": "0x060400", "vendor": "0x1022", "device": "0x1483"},
+        "0000:03:08.0": {"config": off, "size": 4096, "class": "0x060400", "vendor": "0x10b5", "device": "0x8747"},
+        "0000:41:00.0": {"config": config_space(None, class_code=0x0300), "size": 4096, "class": "0x030000"},
+        "0000:00:00.0": {"config": None, "size": None, "class": "0x060000"},  # no file: skipped
+    }
+    entries, why = sysfs_acs(devices)
+    assert why is None
+    assert [(e["bdf"], e["description"]) for e in entries] == [
+        ("0000:03:08.0", "PCI bridge [10b5:8747]"),
+        ("0000:40:01.1", "PCI bridge [1022:1483]"),
+    ]
+    assert entries[0]["cap"] == dict.fromkeys(ACS_FLAGS, True)
+    assert entries[0]["ctl"] == ALL_OFF
+    assert redirects(entries[1]) == ["ReqRedir", "CmpltRedir"]
+    assert judge_acs(entries, complete=True)["reason"].startswith("ACS on 0000:40:01.1 redirects")
+    # Without root the kernel gives the first 64 bytes of each space: unknown, and why.
+    short = {bdf: {**d, "config": d["config"] and d["config"][:64]} for bdf, d in devices.items()}
+    assert sysfs_acs(short) == ([], "the PCI configuration space in /sys gives only its first 64 bytes of "
+                                    "0000:03:08.0 (not root?)")  # fmt: skip
+    assert sysfs_acs({"0000:00:00.0": devices["0000:00:00.0"]}) == ([], "no PCI configuration space could be read in /sys")
+    broken = {"0000:40:01.1": {**devices["0000:40:01.1"], "config": redirecting[:0x140], "size": 0x140}}
+    with pytest.raises(AcsParseError, match=r"^0000:40:01.1: the extended capability list points to 0x148"):
+        sysfs_acs(broken)
+
+
+def test_no_acs_anywhere_is_clear_only_when_every_device_was_read():
+    assert judge_acs([])["verdict"] == "unknown"
+    verdict = judge_acs([], complete=True)
+    assert (verdict["verdict"], verdict["reason"]) == (
+        "clear", "No PCI device has an ACS capability, so none redirects peer-to-peer traffic."
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
