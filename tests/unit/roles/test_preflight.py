@@ -148,6 +148,31 @@ def test_acs_unit_clears_each_redirecting_bridge(tmp_path):
     assert "ExecStart=/usr/bin/setpci -s 0000:00:03.2 ECAP_ACS+0x6.w=0000" in result.stdout
 
 
+def test_acs_remediation_needs_setpci(tmp_path):
+    """ACS read from /sys (no pciutils): the unit would run a setpci that is not there, so nothing is written."""
+    playbook = tmp_path / "remediate.yml"
+    task = {"ansible.builtin.include_role": {"name": "gpubox.inference.preflight", "tasks_from": "remediate.yml"}}
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [task]}]))
+    redirecting = [{"bdf": "0000:40:01.1", "flags": ["ReqRedir", "CmpltRedir"]}]
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "preflight_remediate_acs": True,
+        "__preflight_acs": {"acs_source": "sysfs", "acs_verdict": {"redirecting": redirecting}},
+    }
+    argv = ["ansible-playbook", "-i", "localhost,", "-c", "local", "--check", "-e", json.dumps(extra), str(playbook)]
+    result = run_ansible(*argv)
+    out = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode != 0
+    assert "writes a unit that runs setpci, from pciutils, which this host lacks" in out
+    assert "Install the unit that clears ACS control at boot" not in out
+    # With lspci's reading the same remediation goes on to the unit (check mode: nothing is written;
+    # enabling it then needs a systemd this machine lacks, which the Molecule host has).
+    extra["__preflight_acs"]["acs_source"] = "lspci -vvv"
+    result = run_ansible(*argv[:-3], "-e", json.dumps(extra), str(playbook))
+    assert "TASK [gpubox.inference.preflight : Install the unit that clears ACS control at boot]" in result.stdout
+    assert "which this host lacks" not in result.stdout + result.stderr
+
+
 def test_iommu_pt_remediation_edits_grub_once_and_leaves_the_reboot_to_the_user(tmp_path):
     grub = tmp_path / "grub"
     grub.write_text('GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\nGRUB_CMDLINE_LINUX=""\n')
