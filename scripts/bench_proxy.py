@@ -117,6 +117,36 @@ def busy_ticks() -> int:
     return user + nice + system + irq + softirq
 
 
+def softirq_ticks() -> int:
+    """Time the machine spent in softirq (loopback packets are delivered there), in clock ticks."""
+    return int(Path("/proc/stat").read_text().split()[7])
+
+
+def process_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds of these processes, from /proc/<pid>/stat."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def nginx_workers(master: subprocess.Popen) -> list[int]:
+    return [int(pid) for pid in Path(f"/proc/{master.pid}/task/{master.pid}/children").read_text().split()]
+
+
+def container_seconds(name: str):
+    """A function giving the CPU seconds a container has used (its cgroup, v1 or v2), or None when not found."""
+    cid = sh("docker", "inspect", "-f", "{{.Id}}", name)
+    v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")
+    v2 = Path(f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat")
+    if v1.exists():
+        return lambda: int(v1.read_text()) / 1e9
+    if v2.exists():
+        return lambda: int(v2.read_text().split()[1]) / 1e6  # "usage_usec N" comes first
+    return None
+
+
 def sh(*argv, **kwargs) -> str:
     return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs).stdout.strip()
 
@@ -205,16 +235,22 @@ def main() -> None:
             "direct": (f"http://127.0.0.1:{VLLM_PORT}/v1", None),
             NGINX: (f"http://127.0.0.1:{NGINX_PORT}/v1", KEY),
         }
+        # Where each path's CPU goes: the vLLM server(s), the path's proxy and this process (the load generator).
+        servers = [container_seconds(names["vllm"])]
+        proxies = {NGINX: lambda master=nginxes[0]: process_seconds(nginx_workers(master))}
         if python_proxy:
             paths["fastapi+httpx"] = (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None)
+            proxies["fastapi+httpx"] = container_seconds(names["fastapi"])
         if extra_workers:
             nginxes.append(nginx_site(work / "extra", f"127.0.0.1:{VLLM_PORT}", NGINX_EXTRA_PORT, extra_workers))
             paths[f"nginx ({extra_workers} wk)"] = (f"http://127.0.0.1:{NGINX_EXTRA_PORT}/v1", KEY)
+            proxies[f"nginx ({extra_workers} wk)"] = lambda master=nginxes[-1]: process_seconds(nginx_workers(master))
         if bridge:
             sh("docker", "run", "-d", "--name", names["bridge"], "-p", f"127.0.0.1:{BRIDGE_PORT}:8000", image, *server,
                "--host", "0.0.0.0", "--port", "8000")  # fmt: skip
             wait(f"http://127.0.0.1:{BRIDGE_PORT}/v1/models")
             paths["direct (docker port)"] = (f"http://127.0.0.1:{BRIDGE_PORT}/v1", None)
+            servers.append(container_seconds(names["bridge"]))
         if uds:
             # A second, identical server on a Unix socket behind the same site: the hop from Nginx to
             # vLLM without loopback TCP. The socket is opened to Nginx's unprivileged workers.
@@ -231,6 +267,8 @@ def main() -> None:
             sh("docker", "exec", names["uds"], "chmod", "0666", "/sock/vllm.sock")
             nginxes.append(nginx_site(work / "uds", f"unix:{sockets}/vllm.sock", NGINX_UDS_PORT, workers))
             paths["nginx (unix sock)"] = (f"http://127.0.0.1:{NGINX_UDS_PORT}/v1", KEY)
+            servers.append(container_seconds(names["uds"]))
+            proxies["nginx (unix sock)"] = lambda master=nginxes[-1]: process_seconds(nginx_workers(master))
             for _second in range(180):
                 if probe(paths["nginx (unix sock)"][0], 1, KEY)["succeeded"]:
                     break
@@ -247,12 +285,20 @@ def main() -> None:
             turn = order[index % len(order) :] + order[: index % len(order)]
             for level in levels:
                 for label, (url, key) in turn:
-                    busy = busy_ticks()
+                    meters = {
+                        "busy": lambda: busy_ticks() / os.sysconf("SC_CLK_TCK"),
+                        "softirq": lambda: softirq_ticks() / os.sysconf("SC_CLK_TCK"),
+                        "vllm": lambda: sum(server() for server in servers if server),
+                        "proxy": proxies.get(label) or (lambda: 0.0),
+                        "loadgen": lambda: sum(os.times()[:2]),
+                    }
+                    before = {name: meter() for name, meter in meters.items()}
                     summary = probe(url, level, key)
-                    # Everything the machine ran meanwhile (vLLM, the proxy, the load generator, the kernel):
-                    # what one path costs per token, steadier than throughput on a saturated machine.
-                    cpu_us = (busy_ticks() - busy) / os.sysconf("SC_CLK_TCK") * 1e6
-                    summary["cpu_us_per_token"] = cpu_us / max(summary["output_tokens"], 1)
+                    # Everything the machine ran meanwhile (vLLM, the proxy, the load generator, the kernel),
+                    # per token: what one path costs, steadier than throughput on a saturated machine.
+                    tokens = max(summary["output_tokens"], 1)
+                    split = {name: (meter() - before[name]) * 1e6 / tokens for name, meter in meters.items()}
+                    summary["cpu_us_per_token"], summary["cpu_split"] = split["busy"], split
                     results.setdefault((label, level), []).append(summary)
         machine = f"{os.cpu_count()} CPUs ({os.uname().machine})"
         print(f"\nmachine: {machine}, vLLM CPU build (tiny model), Nginx and the load generator on it")
@@ -279,6 +325,7 @@ def main() -> None:
                     f"{statistics.median(ratio_cpu):>10.2f}x ({min(ratio_cpu):.2f}-{max(ratio_cpu):.2f})  "
                     f"{runs[-1]['buffering']['verdict']}{'' if not fails else f' ({fails} failed)'}"
                 )
+        print_cpu_split(results, levels, list(paths))
         print_targets(results, levels)
         if CROSS_CHECK_ROUNDS:
             cross_check(names["vllm"], levels)
@@ -288,6 +335,26 @@ def main() -> None:
         for name in names.values():
             subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def print_cpu_split(results: dict, levels: list[int], labels: list[str]) -> None:
+    """Where each path's CPU per output token went: medians over the rounds, in microseconds.
+
+    vLLM: its container(s); proxy: the path's Nginx workers or Python proxy container;
+    load generator: this process; rest: the machine's busy time less those three.
+    Softirq (where loopback packets are delivered) is charged to whichever process
+    was running, so it is shown on its own, as part of the others.
+    """
+    print("\nwhere the CPU went, us per output token (median over the rounds; softirq is part of the others)")
+    columns = ("busy", "vllm", "proxy", "loadgen", "rest", "softirq")
+    print(f"{'path':<22}{'c':>4}" + "".join(f"{name:>10}" for name in ("machine", "vLLM", "proxy", "load gen", "rest",
+                                                                      "softirq")))  # fmt: skip
+    for level in levels:
+        for label in labels:
+            splits = [run["cpu_split"] for run in results[(label, level)]]
+            for split in splits:
+                split["rest"] = split["busy"] - split["vllm"] - split["proxy"] - split["loadgen"]
+            print(f"{label:<22}{level:>4}" + "".join(f"{statistics.median(s[c] for s in splits):>10.1f}" for c in columns))
 
 
 def print_targets(results: dict, levels: list[int]) -> None:

@@ -50,3 +50,18 @@ def test_fewer_than_six_rounds_decide_nothing():
     # From 5 values the interval is the minimum and maximum, which covers the median only ~94% of the time.
     assert bench.verdict((1.20, 1.30), 1.05, True, rounds=5) == "undecided (fewer than 6 rounds)"
     assert bench.verdict((1.20, 1.30), 1.05, True, rounds=6) == "missed"
+
+
+def test_cpu_split_shows_medians_and_what_no_named_process_took(capsys):
+    def run(busy, vllm, proxy, loadgen, softirq):
+        return {"cpu_split": {"busy": busy, "vllm": vllm, "proxy": proxy, "loadgen": loadgen, "softirq": softirq}}
+
+    results = {
+        ("direct", 50): [run(250, 210, 0, 35, 5), run(240, 200, 0, 36, 4), run(260, 220, 0, 34, 6)],
+        ("nginx (gpubox)", 50): [run(265, 214, 14, 33, 10), run(270, 216, 15, 34, 9), run(255, 212, 13, 32, 9)],
+    }
+    bench.print_cpu_split(results, [50], ["direct", "nginx (gpubox)"])
+    rows = {line.split()[0]: line.split()[-6:] for line in capsys.readouterr().out.splitlines()[2:]}
+    # machine, vLLM, proxy, load generator, rest (machine less the three), softirq: medians over the rounds
+    assert rows["direct"] == ["250.0", "210.0", "0.0", "35.0", "5.0", "5.0"]
+    assert rows["nginx"] == ["265.0", "214.0", "14.0", "33.0", "4.0", "9.0"]
