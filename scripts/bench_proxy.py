@@ -347,8 +347,8 @@ def print_cpu_split(results: dict, levels: list[int], labels: list[str]) -> None
     """
     print("\nwhere the CPU went, us per output token (median over the rounds; softirq is part of the others)")
     columns = ("busy", "vllm", "proxy", "loadgen", "rest", "softirq")
-    print(f"{'path':<22}{'c':>4}" + "".join(f"{name:>10}" for name in ("machine", "vLLM", "proxy", "load gen", "rest",
-                                                                      "softirq")))  # fmt: skip
+    headings = ("machine", "vLLM", "proxy", "load gen", "rest", "softirq")
+    print(f"{'path':<22}{'c':>4}" + "".join(f"{name:>10}" for name in headings))
     for level in levels:
         for label in labels:
             splits = [run["cpu_split"] for run in results[(label, level)]]

@@ -170,18 +170,22 @@ def main() -> None:
     sysfs = read_sysfs_pci(root) if not module.params["lspci_src"] or root != "/" else {}
     unreadable = None
     lspci = None if module.params["lspci_src"] else module.get_bin_path("lspci")
+    # Where the capabilities are read: a saved output, lspci, or (no pciutils, as on the
+    # device check's H200 VM) each device's raw configuration space in /sys.
+    if module.params["lspci_src"]:
+        source, what = "lspci_src", f"lspci_src={module.params['lspci_src']}"
+    elif lspci is None:
+        source, what = "sysfs", f"the PCI configuration space under {os.path.join(root, 'sys')}"
+    else:
+        source = what = "lspci -vvv"
     try:
-        if module.params["lspci_src"]:
-            source, what = "lspci_src", f"lspci_src={module.params['lspci_src']}"
+        if source == "lspci_src":
             entries = parse_lspci_acs(read_src(module, "lspci_src"))
-        elif lspci is None:
-            # No pciutils (as on the device check's H200 VM): the same capabilities, read from the raw bytes.
-            source, what = "sysfs", f"the PCI configuration space under {os.path.join(root, 'sys')}"
+        elif source == "sysfs":
             entries, why = sysfs_acs(_configs(root, sysfs))
             if why:
                 unreadable = f"lspci is not installed and {why}, so ACS is unknown. {NO_LSPCI}"
         else:
-            source = what = "lspci -vvv"
             lspci_text = run_checked(module, [lspci, "-vvv"])
             if "<access denied>" in lspci_text:
                 unreadable = "lspci could not read the capabilities (not root?), so ACS is unknown; run with become."

@@ -173,3 +173,15 @@ def test_one_gpu_on_the_root_bus_without_lspci_is_clear(tmp_path: Path, no_lspci
     assert (result["acs_verdict"]["verdict"], result["acs_verdict"]["reason"]) == (
         "clear", "No PCI device has an ACS capability, so none redirects peer-to-peer traffic."
     )  # fmt: skip
+
+
+def test_a_broken_config_space_names_the_device(tmp_path: Path, no_lspci):
+    looped = bytearray(config_space(None))
+    looped[0x100:0x104] = (0x0001 | 1 << 16 | 0x100 << 20).to_bytes(4, "little")  # AER pointing at itself
+    root = with_config(make_sysfs(tmp_path / "root", {"pci0000:40/0000:40:01.1": bridge()}), {"0000:40:01.1": bytes(looped)})
+    result = run_module("iommu_acs_info", {"sysfs_root": str(root), "cmdline_src": saved(tmp_path, "c", "ro\n")})
+    assert result["failed"] is True
+    assert result["msg"] == (
+        f"cannot read the PCI configuration space under {root}/sys: "
+        "0000:40:01.1: the extended capability list points to 0x100, again"
+    )
