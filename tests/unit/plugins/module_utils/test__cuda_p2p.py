@@ -94,8 +94,11 @@ def test_missing_library_is_an_error(tmp_path):
 
 def test_four_gpus_give_twelve_ordered_pairs(fake):
     result = measure(fake(devices=4), {**SMALL, "bandwidth_bytes": MIB // 4}, timeout=10)
-    assert len(result["pairs"]) == 12
-    assert set(statuses(result).values()) == {"ok"}
+    assert sorted(result["pairs"]) == [(i, j) for i in range(4) for j in range(4) if i != j]
+    assert all(pair["verified"] and pair["can_access_peer"] for pair in result["pairs"].values())
+    # Whether each direct copy beat the staged one is a race of 256 KiB host memcpys here, which a
+    # preemption can turn (seen once in a make test); the "slow" mode above tests that verdict.
+    assert set(statuses(result).values()) <= {"ok", "slower_than_staged"}
 
 
 def test_every_gpus_host_link_is_measured_and_checked(fake):
