@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import ANSIBLE_ENV, FIXTURES, parse_capture, run_module
 from hardware import bridge, config_space, gpu, make_sysfs
+
+from ansible_collections.gpubox.inference.plugins.module_utils._acs import parse_lspci_acs
 
 EPYC = FIXTURES / "C_lspci" / "amd_epyc_gpp_bridge_40_01_1_acs_enabled_elided_plus_tv_subtree_rccl547.txt"
 
@@ -185,3 +188,15 @@ def test_a_broken_config_space_names_the_device(tmp_path: Path, no_lspci):
         f"cannot read the PCI configuration space under {root}/sys: "
         "0000:40:01.1: the extended capability list points to 0x100, again"
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="past its first 64 bytes the configuration space needs root")
+def test_this_machines_config_space_reads_as_its_lspci(no_lspci):
+    """The live /sys of this machine, read without lspci, against what its lspci -vvv says (as root)."""
+    from_sysfs = run_module("iommu_acs_info", {})
+    assert from_sysfs.get("failed") is not True, from_sysfs
+    assert from_sysfs["acs_source"] == "sysfs"
+    assert not from_sysfs.get("warnings")
+    lspci = subprocess.run(["lspci", "-D", "-vvv"], capture_output=True, text=True, check=True).stdout
+    expected = [(e["bdf"], e["cap"], e["ctl"]) for e in parse_lspci_acs(lspci)]
+    assert [(e["bdf"], e["cap"], e["ctl"]) for e in from_sysfs["acs"]] == expected
