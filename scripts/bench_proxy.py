@@ -111,15 +111,12 @@ def ratios(runs: list[dict], direct: list[dict], metric: str) -> list[float]:
     return [READ[metric](a) / READ[metric](b) for a, b in zip(runs, direct, strict=True)]
 
 
-def busy_ticks() -> int:
-    """CPU time the machine spent busy (user, nice, system, irq, softirq), in clock ticks, from /proc/stat."""
+def machine_seconds() -> dict[str, float]:
+    """From one read of /proc/stat: CPU seconds the machine spent busy (user, nice, system, irq, softirq),
+    and of those in softirq (where loopback packets are delivered)."""
     user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in Path("/proc/stat").read_text().split()[1:8])
-    return user + nice + system + irq + softirq
-
-
-def softirq_ticks() -> int:
-    """Time the machine spent in softirq (loopback packets are delivered there), in clock ticks."""
-    return int(Path("/proc/stat").read_text().split()[7])
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"busy": (user + nice + system + irq + softirq) / tick, "softirq": softirq / tick}
 
 
 def process_seconds(pids: list[int]) -> float:
@@ -131,8 +128,10 @@ def process_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def nginx_workers(master: subprocess.Popen) -> list[int]:
-    return [int(pid) for pid in Path(f"/proc/{master.pid}/task/{master.pid}/children").read_text().split()]
+def nginx_seconds(master: subprocess.Popen):
+    """A function giving the CPU seconds an Nginx's workers (the master's children) have used."""
+    children = Path(f"/proc/{master.pid}/task/{master.pid}/children")
+    return lambda: process_seconds([int(pid) for pid in children.read_text().split()])
 
 
 def container_seconds(name: str):
@@ -237,14 +236,14 @@ def main() -> None:
         }
         # Where each path's CPU goes: the vLLM server(s), the path's proxy and this process (the load generator).
         servers = [container_seconds(names["vllm"])]
-        proxies = {NGINX: lambda master=nginxes[0]: process_seconds(nginx_workers(master))}
+        proxies = {NGINX: nginx_seconds(nginxes[0])}
         if python_proxy:
             paths["fastapi+httpx"] = (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None)
             proxies["fastapi+httpx"] = container_seconds(names["fastapi"])
         if extra_workers:
             nginxes.append(nginx_site(work / "extra", f"127.0.0.1:{VLLM_PORT}", NGINX_EXTRA_PORT, extra_workers))
             paths[f"nginx ({extra_workers} wk)"] = (f"http://127.0.0.1:{NGINX_EXTRA_PORT}/v1", KEY)
-            proxies[f"nginx ({extra_workers} wk)"] = lambda master=nginxes[-1]: process_seconds(nginx_workers(master))
+            proxies[f"nginx ({extra_workers} wk)"] = nginx_seconds(nginxes[-1])
         if bridge:
             sh("docker", "run", "-d", "--name", names["bridge"], "-p", f"127.0.0.1:{BRIDGE_PORT}:8000", image, *server,
                "--host", "0.0.0.0", "--port", "8000")  # fmt: skip
@@ -268,7 +267,7 @@ def main() -> None:
             nginxes.append(nginx_site(work / "uds", f"unix:{sockets}/vllm.sock", NGINX_UDS_PORT, workers))
             paths["nginx (unix sock)"] = (f"http://127.0.0.1:{NGINX_UDS_PORT}/v1", KEY)
             servers.append(container_seconds(names["uds"]))
-            proxies["nginx (unix sock)"] = lambda master=nginxes[-1]: process_seconds(nginx_workers(master))
+            proxies["nginx (unix sock)"] = nginx_seconds(nginxes[-1])
             for _second in range(180):
                 if probe(paths["nginx (unix sock)"][0], 1, KEY)["succeeded"]:
                     break
@@ -285,19 +284,22 @@ def main() -> None:
             turn = order[index % len(order) :] + order[: index % len(order)]
             for level in levels:
                 for label, (url, key) in turn:
-                    meters = {
-                        "busy": lambda: busy_ticks() / os.sysconf("SC_CLK_TCK"),
-                        "softirq": lambda: softirq_ticks() / os.sysconf("SC_CLK_TCK"),
-                        "vllm": lambda: sum(server() for server in servers if server),
-                        "proxy": proxies.get(label) or (lambda: 0.0),
-                        "loadgen": lambda: sum(os.times()[:2]),
-                    }
-                    before = {name: meter() for name, meter in meters.items()}
+                    proxy = proxies.get(label)
+
+                    def seconds(proxy=proxy) -> dict[str, float]:
+                        return {
+                            **machine_seconds(),
+                            "vllm": sum(server() for server in servers if server),
+                            "proxy": proxy() if proxy else 0.0,
+                            "loadgen": sum(os.times()[:2]),
+                        }
+
+                    before = seconds()
                     summary = probe(url, level, key)
                     # Everything the machine ran meanwhile (vLLM, the proxy, the load generator, the kernel),
                     # per token: what one path costs, steadier than throughput on a saturated machine.
                     tokens = max(summary["output_tokens"], 1)
-                    split = {name: (meter() - before[name]) * 1e6 / tokens for name, meter in meters.items()}
+                    split = {name: (value - before[name]) * 1e6 / tokens for name, value in seconds().items()}
                     summary["cpu_us_per_token"], summary["cpu_split"] = split["busy"], split
                     results.setdefault((label, level), []).append(summary)
         machine = f"{os.cpu_count()} CPUs ({os.uname().machine})"
@@ -346,15 +348,20 @@ def print_cpu_split(results: dict, levels: list[int], labels: list[str]) -> None
     was running, so it is shown on its own, as part of the others.
     """
     print("\nwhere the CPU went, us per output token (median over the rounds; softirq is part of the others)")
-    columns = ("busy", "vllm", "proxy", "loadgen", "rest", "softirq")
-    headings = ("machine", "vLLM", "proxy", "load gen", "rest", "softirq")
-    print(f"{'path':<22}{'c':>4}" + "".join(f"{name:>10}" for name in headings))
+    columns = {
+        "machine": lambda split: split["busy"],
+        "vLLM": lambda split: split["vllm"],
+        "proxy": lambda split: split["proxy"],
+        "load gen": lambda split: split["loadgen"],
+        "rest": lambda split: split["busy"] - split["vllm"] - split["proxy"] - split["loadgen"],
+        "softirq": lambda split: split["softirq"],
+    }
+    print(f"{'path':<22}{'c':>4}" + "".join(f"{name:>10}" for name in columns))
     for level in levels:
         for label in labels:
             splits = [run["cpu_split"] for run in results[(label, level)]]
-            for split in splits:
-                split["rest"] = split["busy"] - split["vllm"] - split["proxy"] - split["loadgen"]
-            print(f"{label:<22}{level:>4}" + "".join(f"{statistics.median(s[c] for s in splits):>10.1f}" for c in columns))
+            medians = (statistics.median(column(split) for split in splits) for column in columns.values())
+            print(f"{label:<22}{level:>4}" + "".join(f"{median:>10.1f}" for median in medians))
 
 
 def print_targets(results: dict, levels: list[int]) -> None:
