@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages that `make test` uses on the machine running the tests:
 # ShellCheck for ansible-test sanity, debootstrap for the Molecule test image, git, and
-# Nginx and OpenSSL for the proxy tests (a real Nginx runs the rendered site), and a C
+# Nginx and OpenSSL for the proxy tests (a real Nginx runs the rendered site), pciutils
+# (lspci, setpci) for the ACS tests that compare against the real lspci, and a C
 # compiler for the stand-in libcuda (tests/unit/fakes/libcuda.c). Installs only what is missing.
 set -euo pipefail
 
 missing=()
-for pair in shellcheck:shellcheck debootstrap:debootstrap git:git nginx:nginx openssl:openssl gcc:gcc; do
+for pair in shellcheck:shellcheck debootstrap:debootstrap git:git nginx:nginx openssl:openssl gcc:gcc lspci:pciutils setpci:pciutils; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 [ -f /usr/include/stdio.h ] || missing+=(libc6-dev)
