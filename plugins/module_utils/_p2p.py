@@ -20,13 +20,9 @@ MATRIX_NAMES = (
     "latency_gpu_p2p_enabled_us",
     "latency_gpu_p2p_disabled_us",
 )
-STATUS_REASONS = {
-    "ok": "P2P copies arrive intact and beat the host-staged copy",
-    "no_peer_access": "the driver reports no peer access between them",
-    "slower_than_staged": "P2P is slower than copying through host memory",
-    "broken": "P2P copies lose or corrupt data",
-    "hang": "a P2P copy never returned",
-}
+STATUSES = ("ok", "no_peer_access", "slower_than_staged", "broken", "hang")
+# Bumped when the shape of the facts changes: a cache written by another shape is measured again.
+SCHEMA = 2
 
 
 def pair_status(result: dict) -> str:
@@ -147,26 +143,48 @@ def _pair_limit(links: dict[str, dict], a: str, b: str) -> float | None:
     return min(known) if len(known) == 2 else None
 
 
-def decide(pairs: dict[str, dict], count: int, verified: bool) -> dict:
-    """Per unordered pair ``p2p_usable`` and why, and the NCCL/vLLM settings it implies."""
-    decisions: dict = {"pairs": {}, "reasons": []}
+def decide(pairs: dict[str, dict], count: int, verified: bool, tool_hang_s: float | None = None) -> dict:
+    """Per unordered pair ``p2p_usable`` and its worst ``status``, and the NCCL settings for all ``count`` GPUs.
+
+    ``tool_hang_s``: the measuring tool itself never returned (after that many seconds), so no pair can be trusted.
+    """
+    decisions: dict = {"pairs": {}, "verified": verified, "tool_hang_s": tool_hang_s}
     for i in range(count):
         for j in range(i + 1, count):
             statuses = [pairs.get(f"{i}-{j}", {}).get("status"), pairs.get(f"{j}-{i}", {}).get("status")]
             worst = next((s for s in ("hang", "broken", "slower_than_staged", "no_peer_access") if s in statuses), None)
             if None in statuses and worst is None:
                 continue
-            usable = worst is None
-            decisions["pairs"][f"{i}-{j}"] = {"p2p_usable": usable, "reason": STATUS_REASONS[worst or "ok"]}
-    unusable = {k: v for k, v in decisions["pairs"].items() if not v["p2p_usable"]}
-    decisions["nccl_p2p_disable"] = bool(unusable)
-    decisions["vllm_disable_custom_all_reduce"] = bool(unusable)
-    # Every pair measured, verified and usable: let NCCL use P2P at any distance (its default stops at PXB/PHB).
-    decisions["nccl_p2p_level"] = "SYS" if verified and decisions["pairs"] and not unusable else None
-    for pair, verdict in unusable.items():
-        decisions["reasons"].append(
-            f"NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce: GPU{pair.replace('-', '-GPU')} {verdict['reason']}"
-        )
-    if decisions["nccl_p2p_level"]:
-        decisions["reasons"].append("NCCL_P2P_LEVEL=SYS: every pair's P2P was measured, verified and faster than staging")
+            decisions["pairs"][f"{i}-{j}"] = {"p2p_usable": worst is None, "status": worst or "ok"}
+    decisions.update(for_group(decisions, range(count)))
     return decisions
+
+
+def for_group(decisions: dict, indices) -> dict:
+    """The NCCL settings the P2P measurement implies for the GPUs ``indices`` only (the deployed group).
+
+    ``nccl_p2p_disable`` with its ``cause`` (V(measured): ``unusable`` names the pairs, worst first in GPU order;
+    V(tool_hang): the measurement never returned), and ``nccl_p2p_level`` V(SYS) when every pair in the group was
+    measured, verified bit for bit and usable.
+    """
+    group = sorted(set(indices))
+    size = len(group)
+    inside = {
+        pair: verdict
+        for pair, verdict in (decisions.get("pairs") or {}).items()
+        if {int(index) for index in pair.split("-")} <= set(group)
+    }
+    unusable = [
+        {"pair": "GPU" + pair.replace("-", "-GPU"), "status": verdict.get("status", "broken")}
+        for pair, verdict in sorted(inside.items(), key=lambda item: [int(i) for i in item[0].split("-")])
+        if not verdict["p2p_usable"]
+    ]
+    # A hung tool says nothing about any pair: P2P off for every group of two or more (or of unknown size).
+    hang = decisions.get("tool_hang_s") is not None and size != 1
+    every_pair = size > 1 and len(inside) == size * (size - 1) // 2
+    return {
+        "nccl_p2p_disable": bool(unusable) or hang,
+        "cause": "tool_hang" if hang else "measured" if unusable else None,
+        "unusable": unusable,
+        "nccl_p2p_level": "SYS" if decisions.get("verified") and every_pair and not unusable and not hang else None,
+    }

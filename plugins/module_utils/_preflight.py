@@ -17,12 +17,14 @@ from __future__ import annotations
 from html import escape
 
 from ansible_collections.gpubox.inference.plugins.module_utils._topology import link_class
+from ansible_collections.gpubox.inference.plugins.module_utils._words import explain, say
 
 VERDICT_WORDS = {
     "fit": "fit for tensor parallelism",
     "slow": "works but slow",
     "hang": "will hang or corrupt",
 }
+RDMA = ("mlx", "ib", "roce", "bnxt_re")
 LINK_COLOURS = {
     "NVLINK": "#2e7d32",
     "PIX": "#1565c0",
@@ -61,80 +63,133 @@ def combine(topology: dict, platform: dict, acs: dict, iommu: dict, policy: dict
     global_redirect = acs.get("verdict") == "redirected" and not acs_pairs
 
     pairs = []
-    for i, a in enumerate(group):
-        for b in group[i + 1 :]:
-            reasons = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            causes = []
             verdict = "fit"
             code = topology["links_normalized"][a][b]
             pair_class = link_class(code)
             if pair_class not in ("NVLINK", "PIX", "PXB"):
                 verdict = "slow"
-                reasons.append(f"{code} link")
+                causes.append({"code": "cause.link", "link": code})
             status = [p2p.get(a, {}).get(b), p2p.get(b, {}).get(a)]
             bad_status = [s for s in status if s and s != "OK"]
             if bad_status:
                 verdict = "slow"
-                reasons.append(f"P2P {bad_status[0]}")
+                causes.append({"code": "cause.p2p_status", "status": bad_status[0]})
             for name in (a, b):
                 gpu = by_bus.get(bus_of.get(name) or "", {})
                 if gpu.get("behind_chipset"):
                     verdict = "slow" if verdict == "fit" else verdict
-                    reasons.append(f"{name} behind the chipset")
+                    causes.append({"code": "cause.chipset", "gpu": name})
                 if gpu.get("downtrained"):
                     verdict = "slow" if verdict == "fit" else verdict
-                    reasons.append(f"{name} downtrained ({gpu.get('link_note')})")
+                    causes.append({"code": "cause.downtrained", "gpu": name, "note": gpu.get("link_note")})
             pair_acs = acs_pairs.get(tuple(sorted((bus_of.get(a) or "", bus_of.get(b) or ""))))
             redirecting = (pair_acs or {}).get("redirecting") or (
                 [r["bdf"] or "a bridge" for r in acs.get("redirecting", [])] if global_redirect else []
             )
             if redirecting and not bad_status and pair_class != "NVLINK":
                 verdict = "hang"
-                reasons.append(f"ACS redirects P2P on {redirecting[0]}")
-            pairs.append({"gpus": [a, b], "link": code, "verdict": verdict, "reasons": reasons})
+                causes.append({"code": "cause.acs_redirect", "bridge": redirecting[0]})
+            pairs.append({"gpus": [a, b], "link": code, "verdict": verdict, "causes": causes})
 
-    decisions = _decisions(pairs, iommu)
-    failures, warnings = _policy(pairs, group, bus_of, by_bus, policy)
-    worst = max((p["verdict"] for p in pairs), key=list(VERDICT_WORDS).index, default=None)
-    return {
+    report = {
         "gpu_count": len(names),
         "group": group,
         "pairs": pairs,
+        "iommu_translated": iommu.get("mode") == "translated",
+        # NCCL may use these for its network transport (the vLLM plan reads it).
+        "rdma_nics": [n.get("device") for n in topology.get("nics", []) if (n.get("device") or "").startswith(RDMA)],
+        "problems": _problems(pairs, group, bus_of, by_bus, policy),
+    }
+    return {**report, **for_group(report, group)}
+
+
+def for_group(report: dict, names: list[str]) -> dict:
+    """What the report says for the GPUs ``names`` only (the group that will be deployed).
+
+    ``verdict`` (the worst pair inside, or V(single_gpu)), ``decisions`` (C(nccl_p2p_disable) with its
+    C(cause), the C(pairs) it comes from, the redirecting C(bridge), C(iommu_translated)), and the policy's
+    ``failures`` and ``warnings`` for those GPUs, in words.
+    """
+    members = set(names)
+    pairs = [p for p in report["pairs"] if set(p["gpus"]) <= members]
+    hanging = [p for p in pairs if p["verdict"] == "hang"]
+    decisions = {"nccl_p2p_disable": False, "cause": None, "pairs": [], "bridge": None, "iommu_translated": False}
+    if hanging:
+        bridge = next(c["bridge"] for c in hanging[0]["causes"] if c["code"] == "cause.acs_redirect")
+        decisions = {
+            "nccl_p2p_disable": True,
+            "cause": "acs_redirect",
+            "pairs": [p["gpus"] for p in hanging],
+            "bridge": bridge,
+            "iommu_translated": bool(report.get("iommu_translated")),
+        }
+    problems = [
+        p
+        for p in report["problems"]
+        if set(p["gpus"]) <= members and (p["code"] != "problem.chipset_gpu" or len(members) > 1)
+    ]
+    worst = max((p["verdict"] for p in pairs), key=list(VERDICT_WORDS).index, default=None)
+    return {
         "verdict": worst or "single_gpu",
         "decisions": decisions,
-        "failures": failures,
-        "warnings": warnings,
+        "failures": [_problem_words(p) for p in problems if p["fatal"]],
+        "warnings": [_problem_words(p) for p in problems if not p["fatal"]],
     }
 
 
-def _decisions(pairs: list[dict], iommu: dict) -> dict:
-    hang = next((p for p in pairs if p["verdict"] == "hang"), None)
-    decisions = {"nccl_p2p_disable": False, "reasons": []}
-    if hang:
-        decisions["nccl_p2p_disable"] = True
-        where = next(r for r in hang["reasons"] if r.startswith("ACS"))
-        decisions["reasons"].append(f"NCCL_P2P_DISABLE=1 because {where}")
-        if iommu.get("mode") == "translated":
-            decisions["reasons"].append("the IOMMU translates DMA, so redirected P2P also goes through it")
-    return decisions
+def cause_words(causes: list[dict]) -> list[str]:
+    return [explain(c) for c in causes]
 
 
-def _policy(pairs, group, bus_of, by_bus, policy) -> tuple[list[str], list[str]]:
-    failures: list[str] = []
-    warnings: list[str] = []
+def decision_words(decisions: dict) -> list[str]:
+    """The preflight's decision in words, for the report and the play's output."""
+    if not decisions.get("nccl_p2p_disable"):
+        return []
+    words = [say("decision.acs_redirect", bridge=decisions["bridge"])]
+    if decisions.get("iommu_translated"):
+        words.append(say("decision.iommu_translated"))
+    return words
+
+
+def _problem_words(problem: dict) -> str:
+    fields = {k: v for k, v in problem.items() if k not in ("code", "fatal", "gpus")}
+    if problem["code"] == "problem.hang_pair":
+        fields["causes"] = "; ".join(cause_words(fields["causes"]))
+    return say(problem["code"], **fields)
+
+
+def _problems(pairs, group, bus_of, by_bus, policy) -> list[dict]:
+    """What the policy judges in the group: per GPU and per hanging pair, fatal (a failure) or not (a warning)."""
+    problems: list[dict] = []
     tp = len(group) > 1
     for name in group:
         gpu = by_bus.get(bus_of.get(name) or "", {})
         if gpu.get("behind_chipset") and tp:
-            message = f"{name} ({gpu['bus_id']}) hangs off the chipset, not a CPU root port, in a tensor-parallel group"
-            (failures if policy.get("fail_on_chipset_gpu") else warnings).append(message)
+            problems.append(
+                {"code": "problem.chipset_gpu", "gpus": [name], "gpu": name, "bus_id": gpu["bus_id"],
+                 "fatal": bool(policy.get("fail_on_chipset_gpu"))}
+            )
         if gpu.get("downtrained"):
-            message = f"{name} ({gpu['bus_id']}): {gpu.get('link_note')}"
-            (failures if policy.get("fail_on_downtrained") else warnings).append(message)
+            problems.append(
+                {"code": "problem.downtrained", "gpus": [name], "gpu": name, "bus_id": gpu["bus_id"],
+                 "note": gpu.get("link_note"), "fatal": bool(policy.get("fail_on_downtrained"))}
+            )
     for pair in pairs:
-        if pair["verdict"] == "hang":
-            message = f"{pair['gpus'][0]}-{pair['gpus'][1]}: {VERDICT_WORDS['hang']} ({'; '.join(pair['reasons'])})"
-            (failures if policy.get("fail_on_acs_redirect") else warnings).append(message)
-    return failures, warnings
+        if pair["verdict"] == "hang" and set(pair["gpus"]) <= set(group):
+            problems.append(
+                {"code": "problem.hang_pair", "gpus": pair["gpus"], "pair": "-".join(pair["gpus"]),
+                 "causes": pair["causes"], "fatal": bool(policy.get("fail_on_acs_redirect"))}
+            )
+    return problems
+
+
+def _shown(report: dict) -> list[dict]:
+    """The pairs inside the judged group."""
+    group = set(report.get("group") or [])
+    return [p for p in report["pairs"] if set(p["gpus"]) <= group]
 
 
 def _link(gpu: dict) -> str:
@@ -172,13 +227,11 @@ def render_lines(report: dict, topology: dict, platform: dict, iommu: dict, acs:
     lines.append(
         f"IOMMU: {iommu.get('mode', 'unknown')} ({flags}); ACS: {acs.get('verdict', 'unknown')}: {acs.get('reason', '')}"
     )
-    for pair in report["pairs"]:
-        why = f" ({'; '.join(pair['reasons'])})" if pair["reasons"] else ""
+    for pair in _shown(report):
+        why = f" ({'; '.join(cause_words(pair['causes']))})" if pair["causes"] else ""
         lines.append(f"{pair['gpus'][0]}-{pair['gpus'][1]} {pair['link']}: {VERDICT_WORDS[pair['verdict']]}{why}")
-    for reason in report["decisions"]["reasons"]:
-        lines.append(f"Decision: {reason}")
-    if not report["decisions"]["reasons"]:
-        lines.append("Decision: NCCL keeps P2P on (nothing redirects it)")
+    decided = decision_words(report["decisions"]) or [say("decision.p2p_on")]
+    lines += [f"Decision: {reason}" for reason in decided]
     lines += [f"FAIL: {m}" for m in report["failures"]] + [f"WARN: {m}" for m in report["warnings"]]
     return lines
 
@@ -208,10 +261,10 @@ def render_markdown(host: str, report: dict, topology: dict, platform: dict, iom
         link = _link(gpu) if gpu else "unknown"
         out.append(f"| {gpu_entry['name']} | {gpu.get('bus_id', '')} | {link} | {where} | {gpu.get('link_note', '')} |")
     out += ["", "## Pairs", "", "| pair | link | verdict | why |", "|---|---|---|---|"]
-    for pair in report["pairs"]:
+    for pair in _shown(report):
         out.append(
             f"| {pair['gpus'][0]}-{pair['gpus'][1]} | {pair['link']} | {VERDICT_WORDS[pair['verdict']]} | "
-            f"{'; '.join(pair['reasons'])} |"
+            f"{'; '.join(cause_words(pair['causes']))} |"
         )
     out += [
         "",
@@ -220,7 +273,7 @@ def render_markdown(host: str, report: dict, topology: dict, platform: dict, iom
         f"- IOMMU: {iommu.get('mode', 'unknown')} ({', '.join(iommu.get('flags') or []) or 'no flags'})",
     ]
     out += [f"- ACS: {acs.get('verdict', 'unknown')}: {acs.get('reason', '')}", "", "## What the later roles do", ""]
-    out += [f"- {r}" for r in report["decisions"]["reasons"]] or ["- NCCL keeps P2P on (nothing redirects it)."]
+    out += [f"- {r}" for r in decision_words(report["decisions"])] or [f"- {say('decision.p2p_on')}."]
     if report["failures"] or report["warnings"]:
         out += (
             ["", "## Problems", ""] + [f"- FAIL: {m}" for m in report["failures"]] + [f"- WARN: {m}" for m in report["warnings"]]
@@ -320,7 +373,8 @@ def build(host: str, topology: dict, platform: dict, iommu: dict, acs: dict, pol
     """Everything the preflight role shows and keeps: the combined report, its lines, Markdown and SVG."""
     if not topology.get("gpus"):
         report = {"gpu_count": 0, "group": [], "pairs": [], "verdict": "no_gpu", "failures": [], "warnings": []}
-        report["decisions"] = {"nccl_p2p_disable": False, "reasons": []}
+        report.update(problems=[], rdma_nics=[], iommu_translated=False)
+        report["decisions"] = {"nccl_p2p_disable": False, "cause": None, "pairs": [], "bridge": None, "iommu_translated": False}
     else:
         report = combine(topology, platform, acs, iommu, policy)
     return {

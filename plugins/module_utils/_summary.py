@@ -55,7 +55,7 @@ def _host_link_lines(p2p: dict) -> list[str]:
 
 
 def _how(p2p: dict) -> str:
-    return "from the cache (same GPUs)" if p2p.get("cached") else p2p.get("source", "measured")
+    return "from the cache (measured earlier for these GPUs)" if p2p.get("cached") else p2p.get("source", "measured")
 
 
 def _pair_lines(p2p: dict) -> list[str]:
@@ -104,7 +104,8 @@ def _vllm_lines(vllm: dict) -> list[str]:
     if decided:
         lines.append("Decided: " + "; ".join(decided))
     if vllm.get("swapped"):
-        lines.append("GPU swap handled: P2P re-measured, vLLM's P2P cache cleared, the vLLM container recreated")
+        # How P2P was obtained is the P2P line's fact (measured now, or cached by an earlier run for these GPUs).
+        lines.append("GPU swap handled: vLLM's P2P cache cleared, the vLLM container recreated")
     lines += [f"Warning: {warning}" for warning in vllm.get("warnings") or []]
     return lines
 

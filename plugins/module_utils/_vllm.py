@@ -15,6 +15,9 @@ tensor-parallel GPUs, P2P now off) is an error unless ``settings["allow_downgrad
 
 from __future__ import annotations
 
+from ansible_collections.gpubox.inference.plugins.module_utils import _p2p, _preflight
+from ansible_collections.gpubox.inference.plugins.module_utils._words import explain
+
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "auto": 2}
 
 
@@ -43,8 +46,17 @@ def validate(settings: dict, facts: dict, model_config: dict | None, tp: int) ->
                 f"must be at most the {gpus} GPUs on this host"
             )
     heads = (model_config or {}).get("num_attention_heads")
+    kv_heads = (model_config or {}).get("num_key_value_heads")
     if heads and tp >= 1 and heads % tp:
         errors.append(f"vllm_tensor_parallel_size={tp} must divide the model's {heads} attention heads")
+    elif kv_heads and tp >= 1 and kv_heads % tp and tp % kv_heads:
+        errors.append(
+            f"vllm_tensor_parallel_size={tp} must divide the model's {kv_heads} KV heads, or be a multiple of them"
+        )
+    errors += [
+        f"the preflight refuses this box: {failure} (preflight_fail_on_* decides what it refuses)"
+        for failure in (facts.get("preflight") or {}).get("failures") or []
+    ]
     utilization = settings["gpu_memory_utilization"]
     if not 0 < utilization <= 1:
         errors.append(f"vllm_gpu_memory_utilization={utilization} must be in (0, 1]")
@@ -105,80 +117,102 @@ def kv_cache_estimate(settings: dict, facts: dict, model_config: dict | None, tp
     }
 
 
-def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_bytes: int | None = None) -> dict:
-    """Everything the vllm role renders: arguments, environment, reasons, errors, warnings, estimate."""
+def _tensor_parallel(settings: dict, facts: dict, model_config: dict | None) -> tuple[int, dict]:
+    """The tensor-parallel size and why: the user's, the CPU backend's, or the largest group the heads allow."""
+    pinned, pp = settings["tensor_parallel_size"], settings["pipeline_parallel_size"]
+    gpus = _gpu_count(facts)
+    config = model_config or {}
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads") or config.get("num_attention_heads")
+    if settings["device"] == "cpu":
+        return (pinned, {"code": "tp.user"}) if pinned else (1, {"code": "tp.cpu", "size": 1})
+    if not pinned:
+        allowed = len((facts.get("preflight") or {}).get("group") or []) or gpus or 1
+        size = largest_fitting_tp(max(allowed // pp, 1), heads, kv_heads)
+        if heads:
+            return size, {"code": "tp.derived", "size": size, "allowed": allowed, "heads": heads, "kv_heads": kv_heads}
+        return size, {"code": "tp.derived_no_config", "size": size, "allowed": allowed}
+    if gpus and pinned * pp > gpus and settings.get("allow_downgrade"):
+        size = largest_fitting_tp(gpus // pp, heads, kv_heads)
+        return size, {"code": "tp.lowered", "size": size, "pinned": pinned, "gpus": gpus}
+    return pinned, {"code": "tp.user"}
+
+
+def _nccl(facts: dict, size: int) -> tuple[dict, dict]:
+    """NCCL's environment for the ``size`` GPUs deployed (GPU0 on), from the measurement and the preflight, and why."""
+    env: dict[str, str] = {}
+    why: dict[str, dict] = {}
+    if size < 2:
+        return env, why
+    decisions = (facts.get("gpu_p2p") or {}).get("decisions") or {}
+    measured = _p2p.for_group(decisions, range(size)) if decisions else {}
     preflight = facts.get("preflight") or {}
-    p2p = (facts.get("gpu_p2p") or {}).get("decisions") or {}
-    topology = facts.get("topology") or {}
-    reasons: dict[str, str] = {}
+    names = [f"GPU{index}" for index in range(size)]
+    judged = _preflight.for_group(preflight, names)["decisions"] if preflight.get("pairs") else {}
+    disable = None
+    if measured.get("cause") == "tool_hang":
+        disable = {"code": "nccl_p2p_disable.tool_hang", "seconds": decisions["tool_hang_s"]}
+    elif measured.get("nccl_p2p_disable"):
+        disable = {"code": "nccl_p2p_disable.measured", **measured["unusable"][0]}
+    elif judged.get("nccl_p2p_disable"):
+        disable = {"code": "nccl_p2p_disable.acs_redirect", "bridge": judged["bridge"], "pair": "-".join(judged["pairs"][0])}
+    if disable:
+        env["NCCL_P2P_DISABLE"] = "1"
+        why["NCCL_P2P_DISABLE"] = disable
+    elif measured.get("nccl_p2p_level"):
+        env["NCCL_P2P_LEVEL"] = measured["nccl_p2p_level"]
+        why["NCCL_P2P_LEVEL"] = {"code": "nccl_p2p_level.sys"}
+    return env, why
+
+
+def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_bytes: int | None = None) -> dict:
+    """Everything the vllm role renders: arguments, environment, decisions and their reasons, errors, estimate.
+
+    ``decisions`` holds one code with its fields per derived setting; ``reasons`` is the same in words
+    (``_words``), for the Compose file's comments and the summary. Nothing here branches on words.
+    """
+    preflight = facts.get("preflight") or {}
+    decisions: dict[str, dict] = {}
     env: dict[str, str] = {}
 
-    tp = settings["tensor_parallel_size"]
-    gpus = _gpu_count(facts)
-    heads = (model_config or {}).get("num_attention_heads")
-    if settings["device"] == "cpu":
-        tp = tp or 1
-        reasons["--tensor-parallel-size"] = f"{tp}: the CPU backend" if not settings["tensor_parallel_size"] else "your choice"
-    elif not tp:
-        group = preflight.get("group") or []
-        tp = len(group) or _gpu_count(facts) or 1
-        source = "the GPUs the preflight allows" if group else "the GPUs on this host"
-        reasons["--tensor-parallel-size"] = f"{tp}: {source}"
-    elif gpus and tp * settings["pipeline_parallel_size"] > gpus and settings.get("allow_downgrade"):
-        pinned, tp = tp, largest_fitting_tp(gpus // settings["pipeline_parallel_size"], heads)
-        reasons["--tensor-parallel-size"] = (
-            f"{tp}: lowered from vllm_tensor_parallel_size={pinned}, this host has {gpus} GPUs (vllm_allow_downgrade)"
-        )
-    else:
-        reasons["--tensor-parallel-size"] = "your choice"
+    tp, decisions["--tensor-parallel-size"] = _tensor_parallel(settings, facts, model_config)
 
     if settings["device"] == "cuda":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        reasons["CUDA_DEVICE_ORDER"] = "GPU numbers follow the PCI bus, as nvidia-smi and the preflight count them"
+        decisions["CUDA_DEVICE_ORDER"] = {"code": "cuda_device_order"}
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-        reasons["VLLM_WORKER_MULTIPROC_METHOD"] = "tensor-parallel workers must not fork a process that holds CUDA"
-        disable = []
-        if p2p.get("nccl_p2p_disable"):
-            disable += [r for r in p2p.get("reasons", []) if r.startswith("NCCL_P2P_DISABLE")] or ["the P2P measurement"]
-        if (preflight.get("decisions") or {}).get("nccl_p2p_disable"):
-            disable += preflight["decisions"].get("reasons", [])[:1]
-        if disable and tp > 1:
-            env["NCCL_P2P_DISABLE"] = "1"
-            reasons["NCCL_P2P_DISABLE"] = disable[0].split(" because ", 1)[-1].split(": ", 1)[-1]
-            reasons["--disable-custom-all-reduce"] = reasons["NCCL_P2P_DISABLE"]
-        elif p2p.get("nccl_p2p_level") and tp > 1:
-            env["NCCL_P2P_LEVEL"] = p2p["nccl_p2p_level"]
-            reasons["NCCL_P2P_LEVEL"] = "every GPU pair's P2P was measured, verified and faster than staging"
-        nics = [n for n in topology.get("nics", []) if (n.get("device") or "").startswith(("mlx", "ib", "roce", "bnxt_re"))]
-        if not nics:
+        decisions["VLLM_WORKER_MULTIPROC_METHOD"] = {"code": "multiproc_spawn"}
+        nccl_env, nccl_why = _nccl(facts, tp * settings["pipeline_parallel_size"])
+        env.update(nccl_env)
+        decisions.update(nccl_why)
+        if not preflight.get("rdma_nics"):
             env["NCCL_IB_DISABLE"] = "1"
-            reasons["NCCL_IB_DISABLE"] = "no InfiniBand or RoCE NIC in the topology; NCCL stops probing for one"
+            decisions["NCCL_IB_DISABLE"] = {"code": "nccl_ib_disable"}
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("cpu_kvcache_gib") or 1)
-        reasons["VLLM_CPU_KVCACHE_SPACE"] = "GiB of KV cache for the CPU backend"
+        decisions["VLLM_CPU_KVCACHE_SPACE"] = {"code": "cpu_kvcache"}
 
     for key, value in (settings.get("env") or {}).items():
         env[key] = str(value)
-        reasons[key] = "your choice (vllm_env)"
+        decisions[key] = {"code": "user_env"}
 
     custom_all_reduce = settings.get("disable_custom_all_reduce", "auto")
-    disable_car = "--disable-custom-all-reduce" in reasons if custom_all_reduce == "auto" else bool(custom_all_reduce)
-    if custom_all_reduce != "auto":
-        reasons["--disable-custom-all-reduce"] = "your choice"
-    if not disable_car:
-        reasons.pop("--disable-custom-all-reduce", None)
+    if custom_all_reduce == "auto":
+        disable_car = env.get("NCCL_P2P_DISABLE") == "1" and "NCCL_P2P_DISABLE" in decisions
+        if disable_car:
+            decisions["--disable-custom-all-reduce"] = decisions["NCCL_P2P_DISABLE"]
+    else:
+        disable_car = bool(custom_all_reduce)
+        if disable_car:
+            decisions["--disable-custom-all-reduce"] = {"code": "user_choice"}
 
     args = ["--model", settings["container_model"], "--served-model-name", settings["served_model_name"]]
     port = _port(settings)
     if settings.get("network_mode", "host") == "host":
         args += ["--host", "127.0.0.1", "--port", str(port)]
-        reasons["--host"] = (
-            f"127.0.0.1:{port} on the host's own network, loopback only: no docker-proxy relays every streamed token "
-            "(a published port measured 0.78x the throughput at 50 streams on the 2-core bench machine)"
-        )
+        decisions["--host"] = {"code": "host_network", "port": port}
     else:
         args += ["--host", "0.0.0.0", "--port", "8000"]
-        reasons["--host"] = f"the container's bridge network, published on 127.0.0.1:{port} only (your choice)"
+        decisions["--host"] = {"code": "bridge_network", "port": port}
     if settings["device"] == "cuda" or tp > 1:
         args += ["--tensor-parallel-size", str(tp)]
     if settings["pipeline_parallel_size"] > 1:
@@ -235,7 +269,8 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         "tensor_parallel_size": tp,
         "args": args,
         "env": env,
-        "reasons": reasons,
+        "decisions": decisions,
+        "reasons": {setting: explain(decision) for setting, decision in decisions.items()},
         "errors": errors,
         "warnings": warnings,
         "kv_cache": estimate,
@@ -244,9 +279,16 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     }
 
 
-def largest_fitting_tp(gpus: int, heads: int | None) -> int:
-    """The largest tensor-parallel size at most ``gpus`` that divides the attention heads (1 at worst)."""
-    return next((size for size in range(max(gpus, 1), 0, -1) if not heads or heads % size == 0), 1)
+def fits_heads(size: int, heads: int | None, kv_heads: int | None = None) -> bool:
+    """vLLM's rule: the size divides the attention heads, and divides the KV heads or is a multiple of them."""
+    if heads and heads % size:
+        return False
+    return not kv_heads or kv_heads % size == 0 or size % kv_heads == 0
+
+
+def largest_fitting_tp(gpus: int, heads: int | None, kv_heads: int | None = None) -> int:
+    """The largest tensor-parallel size at most ``gpus`` that fits the heads (``fits_heads``; 1 at worst)."""
+    return next((size for size in range(max(gpus, 1), 0, -1) if fits_heads(size, heads, kv_heads)), 1)
 
 
 def downgrades(previous: dict | None, deployed: dict) -> list[str]:

@@ -20,10 +20,13 @@ description:
   - Talks to the CUDA driver API (C(libcuda.so.1)) through ctypes, so the host needs only the NVIDIA driver. Every
     measurement runs in a child process under a watchdog.
   - Or imports a saved C(nvbandwidth) or cuda-samples C(p2pBandwidthLatencyTest) output (O(src)) instead of measuring.
-  - Returns C(ansible_facts.gpu_p2p), with a C(decisions) section (per pair C(p2p_usable) and why, and
-    C(nccl_p2p_disable), C(nccl_p2p_level), C(vllm_disable_custom_all_reduce)) that later roles only read.
-  - With O(fingerprint) (from M(gpubox.inference.gpu_facts)), caches the result at O(cache_path) and measures again
-    only when the fingerprint changed or O(force=true).
+  - Returns C(ansible_facts.gpu_p2p), with a C(decisions) section (per pair C(p2p_usable) and its worst C(status),
+    and for all GPUs C(nccl_p2p_disable) with its C(cause) and the C(unusable) pairs, and C(nccl_p2p_level)) that later
+    roles only read; the vLLM plan narrows them to the GPUs it deploys.
+  - B(Writes one file.) With O(fingerprint) (from M(gpubox.inference.gpu_facts)), outside check mode, the result is
+    cached at O(cache_path), in the collection's state folder on the host; the module measures again only when the
+    fingerprint (or the cache's format) changed or O(force=true). Without O(fingerprint), or in check mode, it writes
+    nothing.
 author:
   - gpubox maintainers (@gpubox)
 extends_documentation_fragment:
@@ -55,9 +58,9 @@ options:
     type: bool
     default: false
   cache_path:
-    description: Where the result is cached (written only outside check mode).
+    description: Where the result is cached (written only with O(fingerprint) and outside check mode).
     type: path
-    default: /etc/ansible/facts.d/gpubox_p2p.fact
+    default: /var/lib/gpubox/p2p.json
   libcuda:
     description: The CUDA driver library to load; defaults to C(GPUBOX_LIBCUDA) from the environment, else C(libcuda.so.1).
     type: path
@@ -109,9 +112,12 @@ ansible_facts:
         pairs: {"0-1": {"status": "broken", "verified": false, "detail": "4096-byte copy: nothing arrived"}}
         decisions:
           nccl_p2p_disable: true
-          vllm_disable_custom_all_reduce: true
+          cause: measured
+          unusable: [{"pair": "GPU0-GPU1", "status": "broken"}]
           nccl_p2p_level: null
-          pairs: {"0-1": {"p2p_usable": false, "reason": "P2P copies lose or corrupt data"}}
+          verified: true
+          tool_hang_s: null
+          pairs: {"0-1": {"p2p_usable": false, "status": "broken"}}
 """
 
 import json
@@ -123,7 +129,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpubox.inference.plugins.module_utils._bandwidth import BandwidthParseError, parse_report
 from ansible_collections.gpubox.inference.plugins.module_utils._cuda_p2p import MIB, default_settings, library_path, measure
 from ansible_collections.gpubox.inference.plugins.module_utils._module_io import read_src
-from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide, from_measurement, from_report
+from ansible_collections.gpubox.inference.plugins.module_utils._p2p import SCHEMA, decide, from_measurement, from_report
 from ansible_collections.gpubox.inference.plugins.module_utils._pcie import read_sysfs_pci, speed_to_gen
 
 
@@ -135,7 +141,7 @@ def build_module() -> AnsibleModule:
             "timeout": {"type": "float", "default": 60},
             "fingerprint": {"type": "str"},
             "force": {"type": "bool", "default": False},
-            "cache_path": {"type": "path", "default": "/etc/ansible/facts.d/gpubox_p2p.fact"},
+            "cache_path": {"type": "path", "default": "/var/lib/gpubox/p2p.json"},
             "libcuda": {"type": "path"},
             "bandwidth_mib": {"type": "int", "default": 64},
             "repetitions": {"type": "int", "default": 10},
@@ -165,7 +171,9 @@ def _cached(module: AnsibleModule) -> dict | None:
             cached = json.load(handle)
     except (OSError, ValueError):
         return None
-    return cached if isinstance(cached, dict) and cached.get("fingerprint") == fingerprint else None
+    if not isinstance(cached, dict) or cached.get("schema") != SCHEMA:
+        return None
+    return cached if cached.get("fingerprint") == fingerprint else None
 
 
 def _store(module: AnsibleModule, facts: dict) -> None:
@@ -209,7 +217,7 @@ def _nvbandwidth(module: AnsibleModule, binary: str) -> dict:
             argv, capture_output=True, text=True, timeout=budget, check=False, env={**os.environ, "LC_ALL": "C"}
         )
     except subprocess.TimeoutExpired:
-        return {"source": "nvbandwidth", "reason": f"nvbandwidth did not finish within {budget:.0f} s", "hang": True}
+        return {"source": "nvbandwidth", "reason": f"nvbandwidth did not finish within {budget:.0f} s", "hang": budget}
     if proc.returncode != 0 and "Running" not in proc.stdout:
         module.fail_json(
             msg=f"'{' '.join(argv)}' failed with rc={proc.returncode}", rc=proc.returncode, stdout=proc.stdout, stderr=proc.stderr
@@ -232,10 +240,8 @@ def main() -> None:
         module.exit_json(changed=False, ansible_facts={"gpu_p2p": {**cached, "cached": True}})
     elif module.params["p2p_tool"] == "nvbandwidth" and (binary := module.get_bin_path("nvbandwidth")):
         facts = _nvbandwidth(module, binary)
-        if facts.pop("hang", False):
-            facts.update(gpus=None, pairs={}, decisions=decide({}, 0, verified=False))
-            facts["decisions"].update(nccl_p2p_disable=True, vllm_disable_custom_all_reduce=True)
-            facts["decisions"]["reasons"].append(f"NCCL_P2P_DISABLE=1: {facts['reason']}")
+        if (budget := facts.pop("hang", None)) is not None:
+            facts.update(gpus=None, pairs={}, decisions=decide({}, 0, verified=False, tool_hang_s=budget))
     else:
         if module.params["p2p_tool"] == "nvbandwidth":
             module.warn("p2p_tool=nvbandwidth, but nvbandwidth is not on the PATH; measuring with ctypes instead")
@@ -250,6 +256,7 @@ def main() -> None:
             if measured["error"]:
                 facts["error"] = measured["error"]
     facts["fingerprint"] = module.params["fingerprint"]
+    facts["schema"] = SCHEMA
     facts["cached"] = False
     _store(module, facts)
     module.exit_json(changed=False, ansible_facts={"gpu_p2p": facts})

@@ -295,7 +295,7 @@ def test_the_summary_says_what_changed_and_what_was_measured():
     assert "CHANGED since the last deploy" in text
     assert "replaced" in text
     assert "P2P, measured: GPU0->GPU1 ok" in text  # measured again, not from the cache
-    assert "GPU swap handled: P2P re-measured, vLLM's P2P cache cleared, the vLLM container recreated" in text
+    assert "GPU swap handled: vLLM's P2P cache cleared, the vLLM container recreated" in text
     assert "Model: tiny (/srv/models/tiny-chat), tensor parallel 1" in text
     assert "Endpoint: http://" in text
     assert "Smoke test: 4/4 streams OK" in text

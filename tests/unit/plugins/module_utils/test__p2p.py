@@ -6,7 +6,7 @@ import pytest
 from conftest import captures
 
 from ansible_collections.gpubox.inference.plugins.module_utils._bandwidth import parse_report
-from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide, from_measurement, from_report, pair_status
+from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide, for_group, from_measurement, from_report, pair_status
 
 D = {c.path.stem: c for c in captures("D_p2p_bandwidth")}
 
@@ -37,8 +37,9 @@ def test_rtx4090_without_peer_access_disables_p2p():
     assert f["source"] == "p2pBandwidthLatencyTest"
     assert {k: v["status"] for k, v in f["pairs"].items()} == {"0-1": "no_peer_access", "1-0": "no_peer_access"}
     assert f["decisions"]["nccl_p2p_disable"] is True
-    assert f["decisions"]["vllm_disable_custom_all_reduce"] is True
-    assert f["decisions"]["pairs"]["0-1"] == {"p2p_usable": False, "reason": "the driver reports no peer access between them"}
+    assert f["decisions"]["cause"] == "measured"
+    assert f["decisions"]["unusable"] == [{"pair": "GPU0-GPU1", "status": "no_peer_access"}]
+    assert f["decisions"]["pairs"]["0-1"] == {"p2p_usable": False, "status": "no_peer_access"}
 
 
 def test_rtx6000ada_with_working_p2p_keeps_it_but_sets_no_level_without_verification():
@@ -100,7 +101,35 @@ def test_one_bad_direction_makes_the_pair_unusable():
     assert d["pairs"]["0-2"]["p2p_usable"] is True
     assert d["nccl_p2p_disable"] is True
     assert d["nccl_p2p_level"] is None
-    assert d["reasons"] == ["NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce: GPU0-GPU1 P2P copies lose or corrupt data"]
+    assert d["unusable"] == [{"pair": "GPU0-GPU1", "status": "broken"}]
+    assert "reasons" not in d, "decisions are fields; _words says them"
+
+
+def test_a_group_without_the_bad_pair_keeps_p2p_and_gets_the_level():
+    """GPU1 is bad; a deployment on GPU0 and GPU2 only is not, and one on GPU0-GPU1 is."""
+    pairs = {"0-1": {"status": "ok"}, "1-0": {"status": "broken"}, "0-2": {"status": "ok"}, "2-0": {"status": "ok"}}
+    pairs |= {"1-2": {"status": "hang"}, "2-1": {"status": "ok"}}
+    d = decide(pairs, 3, verified=True)
+    assert for_group(d, [0, 2]) == {"nccl_p2p_disable": False, "cause": None, "unusable": [], "nccl_p2p_level": "SYS"}
+    assert for_group(d, [0, 1])["unusable"] == [{"pair": "GPU0-GPU1", "status": "broken"}]
+    assert for_group(d, [0, 1, 2])["unusable"] == [
+        {"pair": "GPU0-GPU1", "status": "broken"},
+        {"pair": "GPU1-GPU2", "status": "hang"},
+    ]
+    assert for_group(d, [0]) == {"nccl_p2p_disable": False, "cause": None, "unusable": [], "nccl_p2p_level": None}
+
+
+def test_a_group_with_an_unmeasured_pair_gets_no_level():
+    d = decide({"0-1": {"status": "ok"}, "1-0": {"status": "ok"}}, 3, verified=True)
+    assert for_group(d, [0, 1])["nccl_p2p_level"] == "SYS"
+    assert for_group(d, [0, 1, 2])["nccl_p2p_level"] is None
+
+
+def test_a_hung_measuring_tool_turns_p2p_off_for_any_group():
+    d = decide({}, 0, verified=False, tool_hang_s=120.0)
+    assert d["nccl_p2p_disable"] is True
+    assert for_group(d, [0, 1]) == {"nccl_p2p_disable": True, "cause": "tool_hang", "unusable": [], "nccl_p2p_level": None}
+    assert for_group(d, [0])["nccl_p2p_disable"] is False
 
 
 def test_host_links_compare_the_faster_direction_with_the_gpus_link():

@@ -8,7 +8,7 @@ import pytest
 from conftest import capture_params, captures
 
 from ansible_collections.gpubox.inference.plugins.module_utils._acs import judge_acs, parse_lspci_acs
-from ansible_collections.gpubox.inference.plugins.module_utils._preflight import build, combine
+from ansible_collections.gpubox.inference.plugins.module_utils._preflight import build, combine, decision_words, for_group
 from ansible_collections.gpubox.inference.plugins.module_utils._topology import analyse, parse_p2p, parse_topology
 
 TOPO = {c.path.stem: c for c in captures("A_topo_m")}
@@ -50,12 +50,16 @@ def test_nvlink_everywhere_is_fit():
     assert set(verdicts(report).values()) == {"fit"}
     assert len(report["pairs"]) == 28
     assert report["verdict"] == "fit"
-    assert report["decisions"] == {"nccl_p2p_disable": False, "reasons": []}
+    assert report["decisions"] == {
+        "nccl_p2p_disable": False, "cause": None, "pairs": [], "bridge": None, "iommu_translated": False
+    }
 
 
 def test_host_bridge_is_slow_with_its_reason():
     report = combine(topology("2x_rtx5090_threadripper3975wx_PHB_gpu_numa_id"), platform(), NO_ACS, {}, POLICY)
-    assert report["pairs"] == [{"gpus": ["GPU0", "GPU1"], "link": "PHB", "verdict": "slow", "reasons": ["PHB link"]}]
+    assert report["pairs"] == [
+        {"gpus": ["GPU0", "GPU1"], "link": "PHB", "verdict": "slow", "causes": [{"code": "cause.link", "link": "PHB"}]}
+    ]
 
 
 def test_acs_redirect_on_a_pcie_pair_will_hang_and_disables_nccl_p2p():
@@ -67,8 +71,14 @@ def test_acs_redirect_on_a_pcie_pair_will_hang_and_disables_nccl_p2p():
         POLICY,
     )
     assert verdicts(report) == {"GPU0-GPU1": "hang"}
-    assert report["decisions"]["nccl_p2p_disable"] is True
-    assert report["decisions"]["reasons"] == [
+    assert report["decisions"] == {
+        "nccl_p2p_disable": True,
+        "cause": "acs_redirect",
+        "pairs": [["GPU0", "GPU1"]],
+        "bridge": "40:01.1",
+        "iommu_translated": True,
+    }
+    assert decision_words(report["decisions"]) == [
         "NCCL_P2P_DISABLE=1 because ACS redirects P2P on 40:01.1",
         "the IOMMU translates DMA, so redirected P2P also goes through it",
     ]
@@ -86,7 +96,7 @@ def test_p2p_not_supported_is_slow_not_hang_since_nccl_will_not_try_p2p():
     topo = topology("2x_rtx5090_threadripper3975wx_PHB_gpu_numa_id", "2x_rtx5090_p2p_rw_GNS")
     report = combine(topo, platform(), REDIRECT, {}, POLICY)
     assert verdicts(report) == {"GPU0-GPU1": "slow"}
-    assert "P2P GNS" in report["pairs"][0]["reasons"]
+    assert {"code": "cause.p2p_status", "status": "GNS"} in report["pairs"][0]["causes"]
     assert report["decisions"]["nccl_p2p_disable"] is False
 
 
@@ -122,8 +132,34 @@ def test_chipset_gpu_fails_in_the_group_and_is_only_slow_outside_it():
     assert warn_only["failures"] == []
     assert warn_only["warnings"] == report["failures"]
     alone = combine(topo, plat, NO_ACS, {}, {**POLICY, "tensor_parallel_size": 1})
-    assert alone["pairs"] == []
+    assert alone["group"] == ["GPU0"]
+    assert alone["verdict"] == "single_gpu"
     assert alone["failures"] == []
+    lines = build("box", topo, plat, {}, NO_ACS, {**POLICY, "tensor_parallel_size": 1})["lines"]
+    assert not [line for line in lines if line.startswith("GPU0-GPU1 ")], "no pair verdict outside the group"
+
+
+def test_a_group_narrower_than_the_report_judges_only_its_own_gpus():
+    """The vLLM plan asks for the GPUs it deploys: GPU2's redirected pairs and chipset do not count for GPU0-GPU1."""
+    acs = {
+        "verdict": "redirected",
+        "redirecting": [{"bdf": "0000:40:01.1", "flags": ["ReqRedir"]}],
+        "gpu_pairs": [
+            {"gpus": ["0000:01:00.0", "0000:41:00.0"], "bridges": [], "redirecting": []},
+            {"gpus": ["0000:01:00.0", "0000:81:00.0"], "bridges": [], "redirecting": ["0000:40:01.1"]},
+            {"gpus": ["0000:41:00.0", "0000:81:00.0"], "bridges": [], "redirecting": ["0000:40:01.1"]},
+        ],
+    }
+    topo = parse_topology("\tGPU0\tGPU1\tGPU2\nGPU0\t X \tPIX\tPIX\nGPU1\tPIX\t X \tPIX\nGPU2\tPIX\tPIX\t X \n")
+    topo = {**topo, **analyse(topo), "p2p": {}}
+    plat = platform(gpu("0000:01:00.0"), gpu("0000:41:00.0"), gpu("0000:81:00.0", behind_chipset=True))
+    report = combine(topo, plat, acs, {}, POLICY)
+    assert report["decisions"]["nccl_p2p_disable"] is True
+    assert len(report["failures"]) == 1
+    two = for_group(report, ["GPU0", "GPU1"])
+    assert two["decisions"]["nccl_p2p_disable"] is False
+    assert (two["verdict"], two["failures"], two["warnings"]) == ("fit", [], [])
+    assert for_group(report, ["GPU0"])["verdict"] == "single_gpu"
 
 
 def test_downtrained_gpu_warns_or_fails_by_policy():

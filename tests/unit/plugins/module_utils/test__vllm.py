@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ansible_collections.gpubox.inference.plugins.module_utils import _words
+from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide
+from ansible_collections.gpubox.inference.plugins.module_utils._preflight import for_group
 from ansible_collections.gpubox.inference.plugins.module_utils._vllm import largest_fitting_tp, plan
 
 LLAMA_8B = {
@@ -43,6 +46,31 @@ def gpus(count: int, mib: int = 24576) -> dict:
     return {"present": True, "count": count, "devices": [{"memory_total_mib": mib} for _gpu in range(count)]}
 
 
+def measured(count: int, bad: dict[str, str] | None = None, verified: bool = True) -> dict:
+    """gpu_p2p facts as _p2p.decide makes them: every ordered pair ``ok`` unless ``bad`` says otherwise."""
+    pairs = {f"{i}-{j}": {"status": "ok"} for i in range(count) for j in range(count) if i != j}
+    pairs |= {pair: {"status": status} for pair, status in (bad or {}).items()}
+    return {"decisions": decide(pairs, count, verified=verified)}
+
+
+def preflight(count: int, hanging: tuple = (), group: int = 0, failures: tuple = ()) -> dict:
+    """A preflight report as _preflight.combine makes one: ``hanging`` pairs (i, j) redirected by ACS on 40:01.1."""
+    names = [f"GPU{i}" for i in range(count)]
+    pairs = [
+        {
+            "gpus": [names[i], names[j]],
+            "link": "PIX",
+            "verdict": "hang" if (i, j) in hanging else "fit",
+            "causes": [{"code": "cause.acs_redirect", "bridge": "40:01.1"}] if (i, j) in hanging else [],
+        }
+        for i in range(count)
+        for j in range(i + 1, count)
+    ]
+    members = names[: group or count]
+    report = {"group": members, "pairs": pairs, "problems": [], "iommu_translated": False, "rdma_nics": []}
+    return {**report, **for_group(report, members), **({"failures": list(failures)} if failures else {})}
+
+
 def flag(result: dict, name: str) -> str | None:
     args = result["args"]
     return args[args.index(name) + 1] if name in args else None
@@ -52,55 +80,139 @@ def flag(result: dict, name: str) -> str | None:
 
 
 def test_tp_defaults_to_the_preflight_group():
-    result = plan(settings(), {"gpu": gpus(4), "preflight": {"group": ["GPU0", "GPU1"]}}, LLAMA_8B)
+    result = plan(settings(), {"gpu": gpus(4), "preflight": preflight(4, group=2)}, LLAMA_8B)
     assert flag(result, "--tensor-parallel-size") == "2"
-    assert result["reasons"]["--tensor-parallel-size"] == "2: the GPUs the preflight allows"
+    assert result["decisions"]["--tensor-parallel-size"] == {
+        "code": "tp.derived", "size": 2, "allowed": 2, "heads": 32, "kv_heads": 8
+    }
+    assert result["reasons"]["--tensor-parallel-size"] == (
+        "2: the largest group of the 2 GPU(s) the preflight allows whose size divides the model's "
+        "32 attention heads and 8 KV heads"
+    )
 
 
 def test_tp_defaults_to_every_gpu_without_preflight():
     result = plan(settings(), {"gpu": gpus(4)}, LLAMA_8B)
     assert flag(result, "--tensor-parallel-size") == "4"
-    assert result["reasons"]["--tensor-parallel-size"] == "4: the GPUs on this host"
+    assert result["decisions"]["--tensor-parallel-size"]["allowed"] == 4
+
+
+@pytest.mark.parametrize(
+    ("count", "heads", "kv_heads", "size"),
+    [(3, 28, 4, 2), (3, 32, 8, 2), (6, 40, 8, 4), (3, 24, 3, 3), (8, 64, 2, 8), (5, 40, 5, 5), (7, 28, 4, 4)],
+)
+def test_a_derived_size_fits_the_heads_and_the_kv_heads(count, heads, kv_heads, size):
+    """3 GPUs and Qwen2.5-7B's 28 heads (4 KV heads): 2, never an invalid 3; KV heads fewer than TP replicate."""
+    config = {**LLAMA_8B, "num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    result = plan(settings(), {"gpu": gpus(count), "preflight": preflight(count)}, config)
+    assert result["tensor_parallel_size"] == size
+    assert result["errors"] == []
+
+
+def test_the_3_gpu_default_derives_a_valid_size_where_the_old_plan_failed():
+    qwen_7b = {**LLAMA_8B, "num_attention_heads": 28, "num_key_value_heads": 4}
+    result = plan(settings(), {"gpu": gpus(3), "preflight": preflight(3)}, qwen_7b)
+    assert result["errors"] == []
+    assert flag(result, "--tensor-parallel-size") == "2"
+    assert "of the 3 GPU(s)" in result["reasons"]["--tensor-parallel-size"]
+
+
+def test_a_pinned_size_that_misfits_the_kv_heads_is_refused():
+    config = {**LLAMA_8B, "num_attention_heads": 24, "num_key_value_heads": 8}
+    result = plan(settings(tensor_parallel_size=3), {"gpu": gpus(4)}, config)
+    assert result["errors"] == ["vllm_tensor_parallel_size=3 must divide the model's 8 KV heads, or be a multiple of them"]
 
 
 def test_broken_p2p_disables_nccl_p2p_and_custom_all_reduce_with_the_measured_reason():
-    p2p = {
-        "nccl_p2p_disable": True,
-        "reasons": ["NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce: GPU0-GPU1 P2P copies lose or corrupt data"],
-    }
-    result = plan(settings(), {"gpu": gpus(2), "gpu_p2p": {"decisions": p2p}}, LLAMA_8B)
+    result = plan(settings(), {"gpu": gpus(2), "gpu_p2p": measured(2, {"1-0": "broken"})}, LLAMA_8B)
     assert result["env"]["NCCL_P2P_DISABLE"] == "1"
     assert "--disable-custom-all-reduce" in result["args"]
+    assert result["decisions"]["NCCL_P2P_DISABLE"] == {
+        "code": "nccl_p2p_disable.measured", "pair": "GPU0-GPU1", "status": "broken"
+    }
     assert result["reasons"]["NCCL_P2P_DISABLE"] == "GPU0-GPU1 P2P copies lose or corrupt data"
 
 
 def test_acs_redirect_from_preflight_disables_nccl_p2p():
-    preflight = {
-        "group": ["GPU0", "GPU1"],
-        "decisions": {"nccl_p2p_disable": True, "reasons": ["NCCL_P2P_DISABLE=1 because ACS redirects P2P on 40:01.1"]},
-    }
-    result = plan(settings(), {"gpu": gpus(2), "preflight": preflight}, LLAMA_8B)
+    result = plan(settings(), {"gpu": gpus(2), "preflight": preflight(2, hanging=((0, 1),))}, LLAMA_8B)
     assert result["env"]["NCCL_P2P_DISABLE"] == "1"
-    assert result["reasons"]["NCCL_P2P_DISABLE"] == "ACS redirects P2P on 40:01.1"
+    assert result["decisions"]["NCCL_P2P_DISABLE"] == {
+        "code": "nccl_p2p_disable.acs_redirect", "bridge": "40:01.1", "pair": "GPU0-GPU1"
+    }
+    assert result["reasons"]["NCCL_P2P_DISABLE"] == "ACS redirects P2P on 40:01.1 (GPU pair GPU0-GPU1)"
+
+
+def test_decisions_are_limited_to_the_deployed_group():
+    """GPU2's bad pairs do not turn P2P off for a deployment on GPU0 and GPU1."""
+    facts = {
+        "gpu": gpus(3),
+        "preflight": preflight(3, hanging=((0, 2), (1, 2))),
+        "gpu_p2p": measured(3, {"2-0": "broken", "2-1": "broken"}),
+    }
+    result = plan(settings(tensor_parallel_size=2), facts, LLAMA_8B)
+    assert "NCCL_P2P_DISABLE" not in result["env"]
+    assert result["env"]["NCCL_P2P_LEVEL"] == "SYS"
+    assert "--disable-custom-all-reduce" not in result["args"]
+    everything = plan(settings(tensor_parallel_size=4), {**facts, "gpu": gpus(4)}, LLAMA_8B)
+    assert everything["env"]["NCCL_P2P_DISABLE"] == "1"
+
+
+def test_a_hung_measurement_turns_p2p_off():
+    p2p = {"decisions": decide({}, 0, verified=False, tool_hang_s=120.0)}
+    result = plan(settings(), {"gpu": gpus(2), "gpu_p2p": p2p}, LLAMA_8B)
+    assert result["env"]["NCCL_P2P_DISABLE"] == "1"
+    assert result["reasons"]["NCCL_P2P_DISABLE"] == "the P2P measurement did not finish within 120 s"
+
+
+def test_preflight_failures_are_plan_errors_so_no_tag_deploys_what_the_preflight_refuses():
+    refused = preflight(2, failures=("GPU1 (0000:04:00.0) hangs off the chipset",))
+    result = plan(settings(), {"gpu": gpus(2), "preflight": refused}, LLAMA_8B)
+    assert result["errors"] == [
+        "the preflight refuses this box: GPU1 (0000:04:00.0) hangs off the chipset (preflight_fail_on_* decides what it refuses)"
+    ]
 
 
 def test_verified_p2p_sets_the_level_and_keeps_custom_all_reduce():
-    result = plan(settings(), {"gpu": gpus(2), "gpu_p2p": {"decisions": {"nccl_p2p_level": "SYS"}}}, LLAMA_8B)
+    result = plan(settings(), {"gpu": gpus(2), "gpu_p2p": measured(2)}, LLAMA_8B)
     assert result["env"]["NCCL_P2P_LEVEL"] == "SYS"
     assert "NCCL_P2P_DISABLE" not in result["env"]
     assert "--disable-custom-all-reduce" not in result["args"]
+    unverified = plan(settings(), {"gpu": gpus(2), "gpu_p2p": measured(2, verified=False)}, LLAMA_8B)
+    assert "NCCL_P2P_LEVEL" not in unverified["env"]
 
 
 def test_single_gpu_needs_no_nccl_settings():
-    p2p = {"nccl_p2p_disable": True, "reasons": ["x"]}
-    result = plan(settings(), {"gpu": gpus(1), "gpu_p2p": {"decisions": p2p}}, LLAMA_8B)
+    result = plan(settings(), {"gpu": gpus(1), "gpu_p2p": measured(1)}, LLAMA_8B)
     assert "NCCL_P2P_DISABLE" not in result["env"]
+    assert "NCCL_P2P_LEVEL" not in result["env"]
 
 
-@pytest.mark.parametrize(("nics", "disabled"), [([], True), ([{"name": "NIC0", "device": "mlx5_0"}], False)])
+@pytest.mark.parametrize(("nics", "disabled"), [([], True), (["mlx5_0"], False)])
 def test_ib_disabled_only_without_an_ib_nic(nics, disabled):
-    result = plan(settings(), {"gpu": gpus(2), "topology": {"nics": nics}}, LLAMA_8B)
+    result = plan(settings(), {"gpu": gpus(2), "preflight": {**preflight(2), "rdma_nics": nics}}, LLAMA_8B)
     assert ("NCCL_IB_DISABLE" in result["env"]) is disabled
+
+
+SCENARIOS = [
+    (settings(), {"gpu": gpus(2), "gpu_p2p": measured(2, {"1-0": "broken"})}),
+    (settings(), {"gpu": gpus(3), "preflight": preflight(3, hanging=((0, 1),))}),
+    (settings(), {"gpu": gpus(2), "gpu_p2p": measured(2)}),
+    (settings(tensor_parallel_size=4, allow_downgrade=True), {"gpu": gpus(3)}),
+    (settings(device="cpu", network_mode="bridge", env={"X": 1}), {}),
+    (settings(disable_custom_all_reduce=True), {"gpu": gpus(2), "gpu_p2p": {"decisions": decide({}, 0, False, 9.0)}}),
+]
+
+
+@pytest.mark.parametrize(("config", "facts"), SCENARIOS)
+def test_rewording_every_message_changes_no_plan(config, facts, monkeypatch):
+    """Words are rendered from the decisions, never read back: garbage templates deploy exactly the same."""
+    before = plan(config, facts, LLAMA_8B)
+    garbage = {code: f"reworded {index}" for index, code in enumerate(_words.TEMPLATES)}
+    monkeypatch.setattr(_words, "TEMPLATES", garbage)
+    after = plan(config, facts, LLAMA_8B)
+    deployed = ("args", "env", "record", "tensor_parallel_size", "decisions", "errors", "kv_cache")
+    assert {k: after[k] for k in deployed} == {k: before[k] for k in deployed}
+    assert after["reasons"] != before["reasons"], "the reasons are rendered from the templates"
 
 
 def test_cuda_order_and_spawn_are_always_set_for_gpus():
@@ -111,10 +223,9 @@ def test_cuda_order_and_spawn_are_always_set_for_gpus():
 
 
 def test_user_overrides_win():
-    p2p = {"nccl_p2p_disable": True, "reasons": ["x"]}
     result = plan(
         settings(env={"NCCL_P2P_DISABLE": "0"}, disable_custom_all_reduce=False),
-        {"gpu": gpus(2), "gpu_p2p": {"decisions": p2p}},
+        {"gpu": gpus(2), "gpu_p2p": measured(2, {"0-1": "broken"})},
         LLAMA_8B,
     )
     assert result["env"]["NCCL_P2P_DISABLE"] == "0"
@@ -213,10 +324,7 @@ def test_long_context_on_a_small_gpu_warns():
 
 # ------------------------------------------------------------ after a GPU swap
 
-BROKEN = {
-    "nccl_p2p_disable": True,
-    "reasons": ["NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce: GPU0-GPU1 P2P copies lose or corrupt data"],
-}
+BROKEN = measured(2, {"1-0": "broken"})["decisions"]
 
 
 def swapped(count: int, previous: dict, **extra) -> dict:

@@ -1,0 +1,72 @@
+# Copyright (c) gpubox.inference contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Private: every sentence the collection says about a finding or a decision, rendered from its fields here only.
+
+Pure functions, no Ansible imports. Producers (``_p2p``, ``_preflight``, ``_vllm``)
+return codes with fields, for example ``{"code": "nccl_p2p_disable.acs_redirect",
+"pairs": [["GPU0", "GPU1"]], "bridge": "40:01.1"}``; consumers branch on the fields;
+``say`` turns a code and its fields into words for the reasons, reports and the summary.
+Rewording a template here changes what is shown, never what is deployed.
+"""
+
+from __future__ import annotations
+
+TEMPLATES = {
+    # A measured GPU pair's P2P status (_p2p.pair_status).
+    "p2p.ok": "P2P copies arrive intact and beat the host-staged copy",
+    "p2p.no_peer_access": "the driver reports no peer access between them",
+    "p2p.slower_than_staged": "P2P is slower than copying through host memory",
+    "p2p.broken": "P2P copies lose or corrupt data",
+    "p2p.hang": "a P2P copy never returned",
+    "p2p.tool_hang": "the P2P measurement did not finish within {seconds:.0f} s",
+    # Why the preflight finds a GPU pair slow or hanging (_preflight.combine).
+    "cause.link": "{link} link",
+    "cause.p2p_status": "P2P {status}",
+    "cause.chipset": "{gpu} behind the chipset",
+    "cause.downtrained": "{gpu} downtrained ({note})",
+    "cause.acs_redirect": "ACS redirects P2P on {bridge}",
+    # The preflight's policy findings (failures or warnings, as the policy says).
+    "problem.chipset_gpu": "{gpu} ({bus_id}) hangs off the chipset, not a CPU root port, in a tensor-parallel group",
+    "problem.downtrained": "{gpu} ({bus_id}): {note}",
+    "problem.hang_pair": "{pair}: will hang or corrupt ({causes})",
+    # The preflight's decision for the group.
+    "decision.acs_redirect": "NCCL_P2P_DISABLE=1 because ACS redirects P2P on {bridge}",
+    "decision.iommu_translated": "the IOMMU translates DMA, so redirected P2P also goes through it",
+    "decision.p2p_on": "NCCL keeps P2P on (nothing redirects it)",
+    # The vLLM plan's reasons, one per derived setting (_vllm.plan).
+    "tp.cpu": "{size}: the CPU backend",
+    "tp.user": "your choice",
+    "tp.derived": (
+        "{size}: the largest group of the {allowed} GPU(s) the preflight allows whose size divides the model's "
+        "{heads} attention heads and {kv_heads} KV heads"
+    ),
+    "tp.derived_no_config": "{size}: the {allowed} GPU(s) the preflight allows (the model's head counts are unknown)",
+    "tp.lowered": "{size}: lowered from vllm_tensor_parallel_size={pinned}, this host has {gpus} GPUs (vllm_allow_downgrade)",
+    "cuda_device_order": "GPU numbers follow the PCI bus, as nvidia-smi and the preflight count them",
+    "multiproc_spawn": "tensor-parallel workers must not fork a process that holds CUDA",
+    "nccl_p2p_disable.acs_redirect": "ACS redirects P2P on {bridge} (GPU pair {pair})",
+    "nccl_p2p_disable.measured": "{pair} {status_words}",
+    "nccl_p2p_disable.tool_hang": "the P2P measurement did not finish within {seconds:.0f} s",
+    "nccl_p2p_level.sys": "every GPU pair's P2P was measured, verified and faster than staging",
+    "nccl_ib_disable": "no InfiniBand or RoCE NIC in the topology; NCCL stops probing for one",
+    "cpu_kvcache": "GiB of KV cache for the CPU backend",
+    "user_env": "your choice (vllm_env)",
+    "user_choice": "your choice",
+    "host_network": (
+        "127.0.0.1:{port} on the host's own network, loopback only: no docker-proxy relays every streamed token "
+        "(a published port measured 0.78x the throughput at 50 streams on the 2-core bench machine)"
+    ),
+    "bridge_network": "the container's bridge network, published on 127.0.0.1:{port} only (your choice)",
+}
+
+
+def say(code: str, **fields) -> str:
+    """The words for ``code`` with its fields; a status inside ``fields`` is rendered through its own template."""
+    if "status" in fields and f"p2p.{fields['status']}" in TEMPLATES:
+        fields.setdefault("status_words", TEMPLATES[f"p2p.{fields['status']}"])
+    return TEMPLATES[code].format(**fields)
+
+
+def explain(decision: dict) -> str:
+    """``say`` for a decision dict: its ``code`` and its other keys as fields."""
+    return say(decision["code"], **{k: v for k, v in decision.items() if k != "code"})
