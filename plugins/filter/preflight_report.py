@@ -25,7 +25,12 @@ def preflight_report(topology, host, platform, iommu, acs, policy):
     unknown = sorted(set(policy) - set(POLICY_KEYS))
     if unknown:
         raise AnsibleFilterError(f"preflight_report: unknown policy keys {unknown}; known: {list(POLICY_KEYS)}")
-    return build(str(host), topology, platform, iommu, acs, dict(policy))
+    policy = dict(policy)
+    try:  # `-e vllm_tensor_parallel_size=2` gives a string
+        policy["tensor_parallel_size"] = int(policy.get("tensor_parallel_size") or 0)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError(f"vllm_tensor_parallel_size={policy['tensor_parallel_size']!r} must be a number") from None
+    return build(str(host), topology, platform, iommu, acs, policy)
 
 
 class FilterModule:

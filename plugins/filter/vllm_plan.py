@@ -21,6 +21,18 @@ REQUIRED = (
 )
 
 
+# Numbers as the plan compares them; `-e name=value` gives strings.
+NUMBERS = {
+    "tensor_parallel_size": int,
+    "pipeline_parallel_size": int,
+    "max_model_len": int,
+    "max_num_batched_tokens": int,
+    "min_concurrent_sequences": int,
+    "port": int,
+    "gpu_memory_utilization": float,
+}
+
+
 def vllm_plan(settings, facts, model_config=None, weights_bytes=None):
     """The deployment plan (see the filter's documentation)."""
     if not isinstance(settings, dict) or not isinstance(facts, dict):
@@ -28,7 +40,14 @@ def vllm_plan(settings, facts, model_config=None, weights_bytes=None):
     missing = [key for key in REQUIRED if key not in settings]
     if missing:
         raise AnsibleFilterError(f"vllm_plan: settings lack {missing}")
-    return plan(dict(settings), dict(facts), model_config or None, int(weights_bytes) if weights_bytes else None)
+    settings = dict(settings)
+    for key, kind in NUMBERS.items():
+        if key in settings and settings[key] not in (None, ""):
+            try:
+                settings[key] = kind(settings[key])
+            except (TypeError, ValueError):
+                raise AnsibleFilterError(f"vllm_{key}={settings[key]!r} must be a number") from None
+    return plan(settings, dict(facts), model_config or None, int(weights_bytes) if weights_bytes else None)
 
 
 class FilterModule:

@@ -28,7 +28,7 @@ options:
     description:
       - The record of the last provisioned GPU set, a JSON file written by the roles (this module only reads it).
     type: path
-    default: /etc/ansible/facts.d/gpubox_gpu.fact
+    default: /var/lib/gpubox/gpu.json
 requirements:
   - nvidia-ml-py on the managed host, where the NVIDIA driver is installed
 """
@@ -99,7 +99,7 @@ DRIVER_MARKER = "/proc/driver/nvidia/version"
 
 def build_module() -> AnsibleModule:
     return AnsibleModule(
-        argument_spec={"fingerprint_path": {"type": "path", "default": "/etc/ansible/facts.d/gpubox_gpu.fact"}},
+        argument_spec={"fingerprint_path": {"type": "path", "default": "/var/lib/gpubox/gpu.json"}},
         supports_check_mode=True,
     )
 

@@ -34,7 +34,7 @@ def render_site(work: Path, **variables) -> Path:
         "nginx_proxy_site_path": str(site),
         "nginx_proxy_log_dir": str(work),
         "nginx_proxy_upstreams": [f"127.0.0.1:{VLLM_PORT}"],
-        "nginx_proxy_upstream_api_key": VLLM_KEY,
+        "vllm_api_key": VLLM_KEY,
         "nginx_proxy_api_keys": [{"name": "tests", "key": CLIENT_KEY}],
         "nginx_proxy_listen_ipv6": False,
         **variables,

@@ -35,12 +35,6 @@ def test_site_yml_provisions_gpu_box_from_the_example_inventory():
     assert "gpubox.inference.base : Install the base packages" in result.stdout
 
 
-def test_role_version_fact_matches_galaxy_version():
-    galaxy = yaml.safe_load((ROOT / "galaxy.yml").read_text())
-    base_vars = yaml.safe_load((ROOT / "roles" / "base" / "vars" / "main.yml").read_text())
-    assert base_vars["_base_collection_version"] == galaxy["version"]
-
-
 def test_ansible_doc_lists_exactly_the_modules_in_plugins():
     result = ansible("ansible-doc", "--list", "--json", "--type", "module", "gpubox.inference")
     assert result.returncode == 0, result.stderr

@@ -45,9 +45,8 @@ def role_vars(work: Path, image: str, records: Path | None = None, **extra) -> d
         "vllm_enforce_eager": True,
         "vllm_api_key": KEY,
         "vllm_wait_timeout": 300,
-        # The role's records (/etc/ansible/facts.d on a box) go to the test's folder, not this machine's /etc.
-        "_vllm_gpu_record_path": str(records / "facts" / "gpubox_gpu.fact"),
-        "_vllm_deployment_record_path": str(records / "facts" / "gpubox_vllm.fact"),
+        # The role's state (/var/lib/gpubox on a box) goes to the test's folder, not this machine's /var/lib.
+        "_vllm_state_dir": str(records / "state"),
         **extra,
     }
 

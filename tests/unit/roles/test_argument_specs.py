@@ -19,23 +19,42 @@ def test_there_are_roles():
     assert ROLES, "no roles found under roles/"
 
 
+def _owned(role: Path) -> dict:
+    """The role's own variables: its defaults."""
+    return _load(role / "defaults" / "main.yml")
+
+
+def _shared(role: Path) -> dict:
+    """Options a role reads from another role (one concept, one variable): ``name -> the owner's default``."""
+    options = _load(role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
+    owners = {name: value for other in ROLES if other != role for name, value in _owned(other).items()}
+    return {name: owners[name] for name in options if name not in _owned(role) and name in owners}
+
+
 @pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
 def test_defaults_and_argument_specs_name_the_same_variables(role: Path):
-    defaults = _load(role / "defaults" / "main.yml")
+    """Every option is the role's own default, or another role's variable it reads (declared, never redefined)."""
+    defaults = _owned(role)
     options = _load(role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
-    assert set(defaults) == set(options), (
-        f"only in defaults: {sorted(set(defaults) - set(options))}; "
-        f"only in argument_specs: {sorted(set(options) - set(defaults))}"
+    mine = set(options) - set(_shared(role))
+    assert set(defaults) == mine, (
+        f"only in defaults: {sorted(set(defaults) - mine)}; only in argument_specs: {sorted(mine - set(defaults))}"
     )
 
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
 def test_argument_spec_defaults_match_defaults_file(role: Path):
-    defaults = _load(role / "defaults" / "main.yml")
+    defaults = {**_owned(role), **_shared(role)}
     options = _load(role / "meta" / "argument_specs.yml")["argument_specs"]["main"]["options"]
     for name, spec in options.items():
         assert spec.get("default") == defaults.get(name), f"{name}: argument_specs says {spec.get('default')!r}"
         assert spec.get("description"), f"{name} has no description"
+
+
+def test_the_shared_variables_are_the_ones_meant():
+    """One tensor-parallel size and one vLLM key for the user, read by the roles that need them."""
+    shared = {role.name: sorted(_shared(role)) for role in ROLES if _shared(role)}
+    assert shared == {"nginx_proxy": ["vllm_api_key"], "preflight": ["vllm_tensor_parallel_size"]}
 
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)

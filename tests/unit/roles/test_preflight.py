@@ -106,7 +106,7 @@ def test_chipset_gpu_in_a_tensor_parallel_group_fails_by_default(tmp_path):
 def test_chipset_gpu_outside_the_group_is_fine(tmp_path):
     root = make_sysfs(tmp_path / "root", RYZEN_CHIPSET)
     settings = captured(tmp_path, PHB_5090, ACS_OFF, root=root)
-    rc, out, _reports = run_preflight(tmp_path, **settings, preflight_tensor_parallel_size=1)
+    rc, out, _reports = run_preflight(tmp_path, **settings, vllm_tensor_parallel_size=1)
     assert rc == 0, out
     assert "hangs off the chipset" not in out
 
@@ -126,7 +126,7 @@ def test_check_mode_writes_no_report(tmp_path):
             "remediation (preflight_remediate_acs=True",
         ),
         ({"preflight_p2p_src": "/tmp/p2p.txt"}, 'preflight_p2p_src="/tmp/p2p.txt" needs preflight_topology_src'),
-        ({"preflight_tensor_parallel_size": -1}, "preflight_tensor_parallel_size=-1 must be 0 or more"),
+        ({"vllm_tensor_parallel_size": -1}, "vllm_tensor_parallel_size=-1 must be 0 or more"),
     ],
 )
 def test_bad_settings_are_refused_before_reading_anything(tmp_path, extra, message):

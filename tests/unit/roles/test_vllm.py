@@ -90,9 +90,9 @@ def test_a_gpu_swap_that_loses_a_gpu_is_refused_unless_allowed(workdir, image, t
     (bindir / "nvidia-smi").chmod(0o755)
     monkeypatch.setitem(ANSIBLE_ENV, "PATH", f"{bindir}{os.pathsep}{ANSIBLE_ENV['PATH']}")
     variables = role_vars(workdir, image, vllm_device="cuda", vllm_project_dir=str(tmp_path / "project"))
-    variables["_vllm_deployment_record_path"] = str(tmp_path / "vllm.fact")
-    variables["_vllm_gpu_record_path"] = str(tmp_path / "gpu.fact")
-    (tmp_path / "vllm.fact").write_text(json.dumps({"tensor_parallel_size": 2, "nccl_p2p_disable": False}))
+    variables["_vllm_state_dir"] = str(tmp_path / "state")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "vllm.json").write_text(json.dumps({"tensor_parallel_size": 2, "nccl_p2p_disable": False}))
     result = plan_only(tmp_path, {**variables, "vllm_allow_downgrade": allow})
     out = result.stdout + result.stderr
     if allow:

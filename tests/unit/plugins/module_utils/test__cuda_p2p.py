@@ -32,11 +32,17 @@ def statuses(result: dict) -> dict:
     return {f"{i}-{j}": pair_status(r) for (i, j), r in sorted(result["pairs"].items())}
 
 
+def intact(result: dict) -> dict:
+    """Each pair measured, peer-accessible and verified bit for bit. Whether the stand-in's direct copy beats its
+    staged one is a race between two host memcpys that a busy machine can turn, so no timing verdict here."""
+    return {f"{i}-{j}": bool(r.get("can_access_peer") and r.get("verified")) for (i, j), r in sorted(result["pairs"].items())}
+
+
 def test_healthy_pair_is_measured_both_ways_and_verified(fake):
     result = measure(fake(devices=2), SMALL, timeout=10)
     assert result["error"] is None
     assert result["devices"] == ["0000:10:00.0", "0000:20:00.0"]
-    assert statuses(result) == {"0-1": "ok", "1-0": "ok"}
+    assert intact(result) == {"0-1": True, "1-0": True}
     pair = result["pairs"][(0, 1)]
     for name in (
         "unidirectional_p2p_enabled",
@@ -59,7 +65,7 @@ def test_healthy_pair_is_measured_both_ways_and_verified(fake):
 def test_faulty_p2p_path_is_caught(fake, mode, status, detail):
     result = measure(fake(devices=2, mode=mode, pair="0-1"), SMALL, timeout=10)
     assert statuses(result)["0-1"] == status
-    assert statuses(result)["1-0"] == "ok"
+    assert intact(result)["1-0"] is True
     if detail:
         assert result["pairs"][(0, 1)]["verify_detail"] == detail
 
@@ -69,7 +75,8 @@ def test_a_hanging_pair_costs_one_timeout_and_the_others_are_still_measured(fake
     result = measure(fake(devices=3, mode="hang", pair="0-1"), SMALL, timeout=2)
     elapsed = time.monotonic() - started
     # 0->1 hangs; 1->0 hangs too, since its bidirectional run copies 0->1 as well.
-    assert statuses(result) == {"0-1": "hang", "0-2": "ok", "1-0": "hang", "1-2": "ok", "2-0": "ok", "2-1": "ok"}
+    assert {pair: status for pair, status in statuses(result).items() if status == "hang"} == {"0-1": "hang", "1-0": "hang"}
+    assert {pair for pair, ok in intact(result).items() if ok} == {"0-2", "1-2", "2-0", "2-1"}
     assert result["pairs"][(0, 1)] == {"hang": True, "timeout_s": 2}
     assert result["error"] is None
     assert elapsed < 2 * 2 + 5
@@ -123,7 +130,7 @@ def test_a_host_copy_that_loses_data_is_caught(fake):
     assert result["host"][0]["verified"] is True
     assert result["host"][1]["verified"] is False
     assert result["host"][1]["verify_detail"].startswith(f"{2 * MIB}-byte round trip: ")
-    assert statuses(result) == {"0-1": "ok", "1-0": "ok"}
+    assert intact(result) == {"0-1": True, "1-0": True}
 
 
 def test_a_hanging_host_copy_costs_one_timeout_and_the_rest_is_measured(fake):
@@ -131,5 +138,5 @@ def test_a_hanging_host_copy_costs_one_timeout_and_the_rest_is_measured(fake):
     result = measure(fake(devices=2, host_mode="hang", host_gpu=0), SMALL, timeout=2)
     assert result["host"][0] == {"hang": True, "timeout_s": 2}
     assert result["host"][1]["verified"] is True
-    assert statuses(result) == {"0-1": "ok", "1-0": "ok"}
+    assert intact(result) == {"0-1": True, "1-0": True}
     assert time.monotonic() - started < 2 + 5
