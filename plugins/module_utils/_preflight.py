@@ -127,9 +127,7 @@ def for_group(report: dict, names: list[str]) -> dict:
             "iommu_translated": bool(report.get("iommu_translated")),
         }
     problems = [
-        p
-        for p in report["problems"]
-        if set(p["gpus"]) <= members and (p["code"] != "problem.chipset_gpu" or len(members) > 1)
+        p for p in report["problems"] if set(p["gpus"]) <= members and (p["code"] != "problem.chipset_gpu" or len(members) > 1)
     ]
     worst = max((p["verdict"] for p in pairs), key=list(VERDICT_WORDS).index, default=None)
     return {
@@ -169,19 +167,35 @@ def _problems(pairs, group, bus_of, by_bus, policy) -> list[dict]:
         gpu = by_bus.get(bus_of.get(name) or "", {})
         if gpu.get("behind_chipset") and tp:
             problems.append(
-                {"code": "problem.chipset_gpu", "gpus": [name], "gpu": name, "bus_id": gpu["bus_id"],
-                 "fatal": bool(policy.get("fail_on_chipset_gpu"))}
+                {
+                    "code": "problem.chipset_gpu",
+                    "gpus": [name],
+                    "gpu": name,
+                    "bus_id": gpu["bus_id"],
+                    "fatal": bool(policy.get("fail_on_chipset_gpu")),
+                }
             )
         if gpu.get("downtrained"):
             problems.append(
-                {"code": "problem.downtrained", "gpus": [name], "gpu": name, "bus_id": gpu["bus_id"],
-                 "note": gpu.get("link_note"), "fatal": bool(policy.get("fail_on_downtrained"))}
+                {
+                    "code": "problem.downtrained",
+                    "gpus": [name],
+                    "gpu": name,
+                    "bus_id": gpu["bus_id"],
+                    "note": gpu.get("link_note"),
+                    "fatal": bool(policy.get("fail_on_downtrained")),
+                }
             )
     for pair in pairs:
         if pair["verdict"] == "hang" and set(pair["gpus"]) <= set(group):
             problems.append(
-                {"code": "problem.hang_pair", "gpus": pair["gpus"], "pair": "-".join(pair["gpus"]),
-                 "causes": pair["causes"], "fatal": bool(policy.get("fail_on_acs_redirect"))}
+                {
+                    "code": "problem.hang_pair",
+                    "gpus": pair["gpus"],
+                    "pair": "-".join(pair["gpus"]),
+                    "causes": pair["causes"],
+                    "fatal": bool(policy.get("fail_on_acs_redirect")),
+                }
             )
     return problems
 

@@ -50,9 +50,7 @@ def validate(settings: dict, facts: dict, model_config: dict | None, tp: int) ->
     if heads and tp >= 1 and heads % tp:
         errors.append(f"vllm_tensor_parallel_size={tp} must divide the model's {heads} attention heads")
     elif kv_heads and tp >= 1 and kv_heads % tp and tp % kv_heads:
-        errors.append(
-            f"vllm_tensor_parallel_size={tp} must divide the model's {kv_heads} KV heads, or be a multiple of them"
-        )
+        errors.append(f"vllm_tensor_parallel_size={tp} must divide the model's {kv_heads} KV heads, or be a multiple of them")
     errors += [
         f"the preflight refuses this box: {failure} (preflight_fail_on_* decides what it refuses)"
         for failure in (facts.get("preflight") or {}).get("failures") or []

@@ -10,6 +10,7 @@ careful human reading that the parsers are tested against.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,6 +25,25 @@ COLLECTIONS = ROOT / ".collections"
 if not (COLLECTIONS / "ansible_collections" / "gpubox" / "inference").exists():
     raise pytest.UsageError(f"{COLLECTIONS}/ansible_collections/gpubox/inference is missing: run `make setup` first")
 sys.path.insert(0, str(COLLECTIONS))
+
+# Every command a test runs, and the project script that installs it (`make deps` runs them all).
+INSTALLED_BY = {
+    "lspci": "scripts/host-tools.sh (pciutils)",
+    "setpci": "scripts/host-tools.sh (pciutils)",
+    "nginx": "scripts/host-tools.sh (nginx)",
+    "openssl": "scripts/host-tools.sh (openssl)",
+    "gcc": "scripts/host-tools.sh (gcc, libc6-dev)",
+    "docker": "scripts/docker-engine.sh (docker.io and Compose v2)",
+}
+
+
+def require(tool: str) -> str:
+    """The path of ``tool``, or the test fails saying which install step provides it (never a traceback)."""
+    path = shutil.which(tool)
+    if not path:
+        pytest.fail(f"'{tool}' is not on PATH: run `make deps`, whose {INSTALLED_BY[tool]} installs it", pytrace=False)
+    return path
+
 
 HEADER_KEYS = ("source", "machine", "expected")
 SEPARATOR = "# ---"
@@ -130,7 +150,7 @@ def vllm_server(tmp_path_factory):
     from vllm_server import PROJECT, copy_model_out, image_name, role_vars, run_role
 
     image = image_name()
-    if subprocess.run(["docker", "image", "inspect", image], capture_output=True, check=False).returncode:
+    if subprocess.run([require("docker"), "image", "inspect", image], capture_output=True, check=False).returncode:
         pytest.fail(f"image {image} is missing: run `make deps` (scripts/vllm-test-image.sh) first")
     work = tmp_path_factory.mktemp("vllm")
     copy_model_out(image, work)

@@ -142,10 +142,12 @@ def build_fake_libcuda(folder: Path) -> Path:
     """Compile tests/unit/fakes/libcuda.c into ``folder/libcuda.so.1`` with gcc."""
     import subprocess
 
+    from conftest import require
+
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / "libcuda.so.1"
     subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(library), str(FAKE_LIBCUDA_SOURCE)],
+        [require("gcc"), "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(library), str(FAKE_LIBCUDA_SOURCE)],
         check=True,
         capture_output=True,
         text=True,

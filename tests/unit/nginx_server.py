@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import shutil
 import socket
 import ssl
 import subprocess
@@ -16,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from conftest import run_ansible
+from conftest import require, run_ansible
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
 
@@ -57,9 +56,9 @@ def nginx(work: Path, **variables):
         f"http {{\n  client_body_temp_path {work}/body;\n  proxy_temp_path {work}/proxy;\n"
         f"  access_log off;\n  include {site};\n}}\n"
     )
-    test = subprocess.run([shutil.which("nginx"), "-t", "-c", str(conf)], capture_output=True, text=True, check=False)
+    test = subprocess.run([require("nginx"), "-t", "-c", str(conf)], capture_output=True, text=True, check=False)
     assert test.returncode == 0, test.stderr
-    process = subprocess.Popen([shutil.which("nginx"), "-c", str(conf)], stderr=subprocess.PIPE)
+    process = subprocess.Popen([require("nginx"), "-c", str(conf)], stderr=subprocess.PIPE)
     try:
         port = variables.get("nginx_proxy_https_port") if variables.get("nginx_proxy_tls") else variables["nginx_proxy_http_port"]
         for _try in range(50):

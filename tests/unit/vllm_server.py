@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from conftest import ROOT, run_ansible
+from conftest import ROOT, require, run_ansible
 
 PORT = 18123
 KEY = "test-secret-key-5f2c"
@@ -16,7 +16,7 @@ PROJECT = "gpubox-test-vllm"
 
 
 def docker(*argv: str) -> str:
-    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run([require("docker"), *argv], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def image_name() -> str:

@@ -19,26 +19,41 @@ PROJECT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 # ------------------------------------------------------------ the whole play
 
 
-def test_check_mode_on_the_converged_host_reports_no_change():
-    """`--check --diff` must predict no change on a converged host; a role whose check mode lies fails this."""
-    run = subprocess.run(
-        [
-            "ansible-playbook",
-            "--inventory",
-            os.environ["MOLECULE_INVENTORY_FILE"],
-            "--check",
-            "--diff",
-            str(PROJECT / "site.yml"),
-        ],
+def site(*flags: str) -> subprocess.CompletedProcess:
+    """site.yml on the converged box, as the user runs it, with extra flags."""
+    return subprocess.run(
+        ["ansible-playbook", "--inventory", os.environ["MOLECULE_INVENTORY_FILE"], *flags, str(PROJECT / "site.yml")],
         capture_output=True,
         text=True,
         check=False,
         env={**os.environ, "ANSIBLE_NOCOLOR": "1"},
     )
+
+
+def assert_no_change(run: subprocess.CompletedProcess) -> None:
     recap = re.search(r"gpubox-debian12\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", run.stdout)
     assert recap, run.stdout[-3000:] + run.stderr[-2000:]
     assert int(recap.group(1)) > 0
     assert recap.group(2, 3, 4) == ("0", "0", "0"), run.stdout[-3000:]
+
+
+def test_check_mode_on_the_converged_host_reports_no_change():
+    """`--check --diff` must predict no change on a converged host; a role whose check mode lies fails this."""
+    assert_no_change(site("--check", "--diff"))
+
+
+def test_a_run_limited_by_tags_changes_nothing(host):
+    """--tags vllm, proxy or smoke on a converged box: changed=0, and the Compose file stays byte for byte."""
+    compose = "/opt/gpubox/vllm/compose.yaml"
+    before = host.check_output(f"sha256sum {compose}")
+    container = host.check_output("docker compose --project-name gpubox-vllm ps --quiet vllm")
+    for tag in ("vllm", "proxy", "smoke"):
+        run = site("--tags", tag)
+        assert_no_change(run)
+        assert host.check_output(f"sha256sum {compose}") == before, f"--tags {tag} rewrote {compose}"
+        if tag == "smoke":
+            assert "Smoke test: 4/4 streams OK" in run.stdout, run.stdout[-3000:]
+    assert host.check_output("docker compose --project-name gpubox-vllm ps --quiet vllm") == container
 
 
 # ------------------------------------------------------------ base
@@ -50,12 +65,13 @@ def test_base_packages(host):
     assert host.run("lspci -n").rc == 0
 
 
-def test_state_dir_and_local_fact(host):
+def test_the_state_folder_holds_all_the_state(host):
+    """One folder (README, "State on the box"), and nothing left in the old local-facts places."""
     state = host.file("/var/lib/gpubox")
     assert state.is_directory
     assert (state.user, state.mode) == ("root", 0o755)
-    fact = json.loads(host.file("/etc/ansible/facts.d/gpubox.fact").content_string)
-    assert fact == {"collection_version": "0.1.0", "state_dir": "/var/lib/gpubox"}
+    assert {"gpu.json", "p2p.json", "vllm.json", "proxy.json", "huggingface", "vllm-cache"} <= set(state.listdir())
+    assert not host.file("/etc/ansible/facts.d").exists
 
 
 # ------------------------------------------------------------ preflight
@@ -220,11 +236,11 @@ def test_vllm_is_loopback_only_and_runs_the_loaded_image(host):
 
 
 def test_local_facts_record_the_deployment_and_the_endpoint(host):
-    deployed = json.loads(host.file("/etc/ansible/facts.d/gpubox_vllm.fact").content_string)
+    deployed = json.loads(host.file("/var/lib/gpubox/vllm.json").content_string)
     assert deployed["served_model_name"] == "tiny"
     assert deployed["url"] == "http://127.0.0.1:8000/v1"
     assert deployed["tensor_parallel_size"] == 1
-    proxy = json.loads(host.file("/etc/ansible/facts.d/gpubox_proxy.fact").content_string)
+    proxy = json.loads(host.file("/var/lib/gpubox/proxy.json").content_string)
     assert proxy["local_url"] == "http://127.0.0.1:80/v1"
 
 
@@ -281,9 +297,9 @@ def test_the_swap_cleared_vllms_p2p_cache_and_kept_the_model_cache(host):
 
 
 def test_the_new_gpu_set_is_stored(host):
-    record = json.loads(host.file("/etc/ansible/facts.d/gpubox_gpu.fact").content_string)
+    record = json.loads(host.file("/var/lib/gpubox/gpu.json").content_string)
     assert SWAPPED_UUID in json.dumps(record)
-    deployed = json.loads(host.file("/etc/ansible/facts.d/gpubox_vllm.fact").content_string)
+    deployed = json.loads(host.file("/var/lib/gpubox/vllm.json").content_string)
     assert deployed["fingerprint"] == record["fingerprint"]
 
 

@@ -90,7 +90,7 @@ def run_site(inventory: Path, *flags: str) -> dict:
     try:
         return json.loads(result.stdout)
     except ValueError:
-        pytest.fail(f"no JSON from site.yml {' '.join(flags)} (rc {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr}")
+        pytest.fail(f"no JSON from site.yml {' '.join(flags)} (rc {result.returncode}):\n{result.stdout[-3000:]}{result.stderr}")
 
 
 def task_results(run: dict, name: str) -> list[dict]:
@@ -128,8 +128,12 @@ def test_tags_vllm_keeps_p2p_off_where_acs_redirects_it_and_deploys_what_the_pre
     assert deployed(with_preflight_run) == limited
     # Each fact is gathered once per run, and handed on.
     for run in (limited_run, with_preflight_run):
-        for task in ("Gather the host's facts, in every run", "Read the GPUs and compare them with the last deploy",
-                     "Read the GPU topology", "Read IOMMU and ACS"):
+        for task in (
+            "Gather the host's facts, in every run",
+            "Read the GPUs and compare them with the last deploy",
+            "Read the GPU topology",
+            "Read IOMMU and ACS",
+        ):
             ran = [r for r in task_results(run, task) if not r.get("skipped")]
             assert len(ran) == 1, f"{task!r} ran {len(ran)} times"
         assert not [r for r in task_results(run, "Read the GPUs") if not r.get("skipped")], "the vllm role read them again"
@@ -139,7 +143,8 @@ def test_tags_vllm_keeps_p2p_off_where_acs_redirects_it_and_deploys_what_the_pre
 def test_a_pinned_size_narrows_the_preflight(box):
     """vllm_tensor_parallel_size=1: the preflight judges GPU0 alone, so no pair, no NCCL setting, no warning."""
     run = run_site(box, "--tags", "vllm", "-e", "vllm_tensor_parallel_size=1")  # a string from -e counts as its number
-    (report,) = [r["ansible_facts"]["preflight_result"] for r in task_results(run, "Combine the findings into the preflight report")]
+    combined = task_results(run, "Combine the findings into the preflight report")
+    (report,) = [r["ansible_facts"]["preflight_result"] for r in combined]
     assert report["group"] == ["GPU0"]
     assert report["verdict"] == "single_gpu"
     assert report["warnings"] == []

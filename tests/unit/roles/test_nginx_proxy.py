@@ -18,7 +18,7 @@ import threading
 import time
 
 import pytest
-from conftest import run_ansible
+from conftest import require, run_ansible
 from nginx_server import BODY, CLIENT_KEY, event_times, nginx, paced_upstream, post
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
@@ -196,7 +196,7 @@ def test_upstream_down_is_json_502_and_recovers(vllm_server, tmp_path):
 
 def test_tls_redirect_handshake_and_protocol_floor(vllm_server, tmp_path):
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+        [require("openssl"), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
          "-keyout", str(tmp_path / "tls.key"), "-out", str(tmp_path / "tls.crt")],
         capture_output=True,
         check=True,

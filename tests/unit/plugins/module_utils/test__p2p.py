@@ -6,7 +6,13 @@ import pytest
 from conftest import captures
 
 from ansible_collections.gpubox.inference.plugins.module_utils._bandwidth import parse_report
-from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide, for_group, from_measurement, from_report, pair_status
+from ansible_collections.gpubox.inference.plugins.module_utils._p2p import (
+    decide,
+    for_group,
+    from_measurement,
+    from_report,
+    pair_status,
+)
 
 D = {c.path.stem: c for c in captures("D_p2p_bandwidth")}
 

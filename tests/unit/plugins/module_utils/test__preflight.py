@@ -51,7 +51,11 @@ def test_nvlink_everywhere_is_fit():
     assert len(report["pairs"]) == 28
     assert report["verdict"] == "fit"
     assert report["decisions"] == {
-        "nccl_p2p_disable": False, "cause": None, "pairs": [], "bridge": None, "iommu_translated": False
+        "nccl_p2p_disable": False,
+        "cause": None,
+        "pairs": [],
+        "bridge": None,
+        "iommu_translated": False,
     }
 
 

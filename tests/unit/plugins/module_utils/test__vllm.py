@@ -83,7 +83,11 @@ def test_tp_defaults_to_the_preflight_group():
     result = plan(settings(), {"gpu": gpus(4), "preflight": preflight(4, group=2)}, LLAMA_8B)
     assert flag(result, "--tensor-parallel-size") == "2"
     assert result["decisions"]["--tensor-parallel-size"] == {
-        "code": "tp.derived", "size": 2, "allowed": 2, "heads": 32, "kv_heads": 8
+        "code": "tp.derived",
+        "size": 2,
+        "allowed": 2,
+        "heads": 32,
+        "kv_heads": 8,
     }
     assert result["reasons"]["--tensor-parallel-size"] == (
         "2: the largest group of the 2 GPU(s) the preflight allows whose size divides the model's "
@@ -128,7 +132,9 @@ def test_broken_p2p_disables_nccl_p2p_and_custom_all_reduce_with_the_measured_re
     assert result["env"]["NCCL_P2P_DISABLE"] == "1"
     assert "--disable-custom-all-reduce" in result["args"]
     assert result["decisions"]["NCCL_P2P_DISABLE"] == {
-        "code": "nccl_p2p_disable.measured", "pair": "GPU0-GPU1", "status": "broken"
+        "code": "nccl_p2p_disable.measured",
+        "pair": "GPU0-GPU1",
+        "status": "broken",
     }
     assert result["reasons"]["NCCL_P2P_DISABLE"] == "GPU0-GPU1 P2P copies lose or corrupt data"
 
@@ -137,7 +143,9 @@ def test_acs_redirect_from_preflight_disables_nccl_p2p():
     result = plan(settings(), {"gpu": gpus(2), "preflight": preflight(2, hanging=((0, 1),))}, LLAMA_8B)
     assert result["env"]["NCCL_P2P_DISABLE"] == "1"
     assert result["decisions"]["NCCL_P2P_DISABLE"] == {
-        "code": "nccl_p2p_disable.acs_redirect", "bridge": "40:01.1", "pair": "GPU0-GPU1"
+        "code": "nccl_p2p_disable.acs_redirect",
+        "bridge": "40:01.1",
+        "pair": "GPU0-GPU1",
     }
     assert result["reasons"]["NCCL_P2P_DISABLE"] == "ACS redirects P2P on 40:01.1 (GPU pair GPU0-GPU1)"
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ANSIBLE_ENV, FIXTURES, parse_capture, run_module
+from conftest import ANSIBLE_ENV, FIXTURES, parse_capture, require, run_module
 from hardware import bridge, config_space, gpu, make_sysfs
 
 from ansible_collections.gpubox.inference.plugins.module_utils._acs import parse_lspci_acs
@@ -197,6 +197,6 @@ def test_this_machines_config_space_reads_as_its_lspci(no_lspci):
     assert from_sysfs.get("failed") is not True, from_sysfs
     assert from_sysfs["acs_source"] == "sysfs"
     assert not from_sysfs.get("warnings")
-    lspci = subprocess.run(["lspci", "-D", "-vvv"], capture_output=True, text=True, check=True).stdout
+    lspci = subprocess.run([require("lspci"), "-D", "-vvv"], capture_output=True, text=True, check=True).stdout
     expected = [(e["bdf"], e["cap"], e["ctl"]) for e in parse_lspci_acs(lspci)]
     assert [(e["bdf"], e["cap"], e["ctl"]) for e in from_sysfs["acs"]] == expected
