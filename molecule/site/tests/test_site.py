@@ -87,15 +87,31 @@ def test_preflight_report_on_the_controller_says_there_is_no_gpu(host):
 # ------------------------------------------------------------ docker_engine
 
 
+def deb822(host, path: str) -> dict[str, str]:
+    """The fields of a one-stanza deb822 source file."""
+    fields = {}
+    for line in host.file(path).content_string.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and not line.startswith((" ", "#")):
+            fields[key] = value.strip()
+    return fields
+
+
 def test_docker_comes_from_the_signed_repository(host):
     for name in ("docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"):
         assert host.package(name).is_installed, name
-    key = host.file("/etc/apt/keyrings/docker.asc")
+    source = deb822(host, "/etc/apt/sources.list.d/docker.sources")
+    assert {k: source[k] for k in ("Types", "URIs", "Suites", "Components", "Architectures")} == {
+        "Types": "deb",
+        "URIs": "http://127.0.0.1:8080/docker/debian",
+        "Suites": "bookworm",
+        "Components": "stable",
+        "Architectures": "amd64",
+    }
+    key = host.file(source["Signed-By"])
     assert key.content_string.startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
     assert (key.user, key.mode) == ("root", 0o644)
-    assert host.file("/etc/apt/sources.list.d/docker.list").content_string == (
-        "deb [arch=amd64 signed-by=/etc/apt/keyrings/docker.asc] http://127.0.0.1:8080/docker/debian bookworm stable\n"
-    )
+    assert not host.file("/etc/apt/sources.list.d/docker.list").exists
 
 
 def test_docker_runs_with_compose_v2(host):
@@ -139,14 +155,15 @@ def test_toolkit_is_pinned_below_the_newest_version(host):
     assert "1.18.0-1" in host.check_output("apt-cache policy nvidia-container-toolkit")
 
 
-def test_nvidia_key_is_dearmoured_and_the_source_signed_by_it(host):
-    keyring = host.file("/etc/apt/keyrings/nvidia-container-toolkit-keyring.gpg")
-    assert keyring.exists
-    assert not keyring.content.startswith(b"-----BEGIN"), "the keyring must be binary (dearmoured)"
-    assert host.file("/etc/apt/sources.list.d/nvidia-container-toolkit.list").content_string == (
-        "deb [signed-by=/etc/apt/keyrings/nvidia-container-toolkit-keyring.gpg] "
-        "http://127.0.0.1:8080/nvidia/stable/deb/$(ARCH) /\n"
-    )
+def test_nvidia_source_is_a_signed_flat_repository(host):
+    source = deb822(host, "/etc/apt/sources.list.d/nvidia-container-toolkit.sources")
+    assert source["URIs"] == "http://127.0.0.1:8080/nvidia/stable/deb/$(ARCH)"
+    assert source["Suites"] == "/"
+    assert "Components" not in source
+    assert host.file(source["Signed-By"]).content_string.startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
+    assert not host.file("/etc/apt/sources.list.d/nvidia-container-toolkit.list").exists
+    # apt read the source and trusts its key: the pinned package comes from it.
+    assert "127.0.0.1:8080/nvidia/stable/deb/amd64" in host.check_output("apt-cache policy nvidia-container-toolkit")
 
 
 def test_without_a_gpu_no_cdi_spec_is_generated(host):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import re
 import socket
 import ssl
 import subprocess
@@ -268,3 +269,68 @@ def test_good_worker_counts_pass_the_checks(tmp_path, workers):
     assert "Check the number of Nginx worker processes" in out
     assert "it must be a number" not in out
     assert "Install Nginx" in out
+
+
+def handshake(folder, name: str) -> str:
+    """A TLS handshake on loopback with the pair in ``folder``, by a client that trusts it and checks ``name``."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(folder / "selfsigned.crt", folder / "selfsigned.key")
+    client = ssl.create_default_context(cafile=str(folder / "selfsigned.crt"))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def serve():
+            conn, _addr = listener.accept()
+            try:
+                with server.wrap_socket(conn, server_side=True) as tls:
+                    tls.recv(1)
+            except (ssl.SSLError, OSError):
+                pass
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            with socket.create_connection(listener.getsockname(), timeout=10) as raw:
+                with client.wrap_socket(raw, server_hostname=name) as tls:
+                    return tls.version()
+        finally:
+            thread.join(timeout=10)
+
+
+def make_pair(tmp_path, *flags: str, **variables) -> subprocess.CompletedProcess:
+    """The role's self-signed pair (tasks/tls.yml) made on this machine in ``tmp_path/tls``."""
+    playbook = tmp_path / "tls.yml"
+    task = {"ansible.builtin.include_role": {"name": "gpubox.inference.nginx_proxy", "tasks_from": "tls.yml"}}
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [task]}]))
+    extra = {"ansible_python_interpreter": sys.executable, "_nginx_proxy_generated_tls_dir": str(tmp_path / "tls"), **variables}
+    (tmp_path / "tls-vars.json").write_text(json.dumps(extra))
+    return run_ansible(
+        "ansible-playbook", "-i", "localhost,", "-c", "local", *flags, "-e", f"@{tmp_path / 'tls-vars.json'}", str(playbook)
+    )
+
+
+def test_the_self_signed_pair_names_the_box_and_verifies_for_those_names(tmp_path):
+    """community.crypto makes it with a subjectAltName; a client that checks the name accepts it, and only for those names."""
+    from cryptography import x509
+
+    names = {"nginx_proxy_server_name": "gpu-box.lan _", "ansible_host": "192.0.2.10"}
+    fresh_check = make_pair(tmp_path, "--check", **names)
+    assert fresh_check.returncode == 0, fresh_check.stdout[-3000:]
+    assert not (tmp_path / "tls" / "selfsigned.key").exists(), "check mode wrote a key"
+    first = make_pair(tmp_path, **names)
+    assert first.returncode == 0, first.stdout[-3000:]
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls" / "selfsigned.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"gpu-box.lan", "localhost"}
+    assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == {"192.0.2.10", "127.0.0.1"}
+    assert (tmp_path / "tls" / "selfsigned.key").stat().st_mode & 0o777 == 0o600
+    # A client that checks names (as current ones do) accepts the pair for the box's name and refuses another.
+    assert handshake(tmp_path / "tls", "gpu-box.lan") == "TLSv1.3"
+    assert handshake(tmp_path / "tls", "127.0.0.1") == "TLSv1.3"
+    with pytest.raises(ssl.SSLCertVerificationError):
+        handshake(tmp_path / "tls", "elsewhere.lan")
+    again = make_pair(tmp_path, **names)
+    assert re.search(r"localhost\s*:\s*ok=\d+\s+changed=0", again.stdout), again.stdout[-2000:]
+    renamed = make_pair(tmp_path, nginx_proxy_server_name="other.lan", ansible_host="192.0.2.10")
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls" / "selfsigned.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "other.lan" in san.get_values_for_type(x509.DNSName), renamed.stdout[-2000:]
