@@ -289,9 +289,11 @@ def handshake(folder, name: str) -> str:
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
         try:
-            with socket.create_connection(listener.getsockname(), timeout=10) as raw:
-                with client.wrap_socket(raw, server_hostname=name) as tls:
-                    return tls.version()
+            with (
+                socket.create_connection(listener.getsockname(), timeout=10) as raw,
+                client.wrap_socket(raw, server_hostname=name) as tls,
+            ):
+                return tls.version()
         finally:
             thread.join(timeout=10)
 
