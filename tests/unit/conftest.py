@@ -45,6 +45,18 @@ def require(tool: str) -> str:
     return path
 
 
+# Llama 3.1 8B's config.json, the fields the vLLM plan reads (32 heads, 8 KV heads).
+LLAMA_8B = {
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+
 HEADER_KEYS = ("source", "machine", "expected")
 SEPARATOR = "# ---"
 

@@ -182,6 +182,9 @@ def test_nginx_config_checks_and_listens(host):
     assert not host.file("/etc/nginx/sites-enabled/default").exists
     site = host.file("/etc/nginx/conf.d/gpubox-openai.conf")
     assert (site.user, site.mode) == ("root", 0o640)
+    # No copy of an old site (with old keys) anywhere: the role keeps none and removed the one prepare left.
+    assert host.check_output("ls -A /etc/nginx/conf.d") == "gpubox-openai.conf"
+    assert host.run("grep -rl revoked-key- /etc/nginx").stdout == ""
 
 
 PROCESSES = """

@@ -16,22 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ANSIBLE_ENV, FIXTURES, ROOT, parse_capture, run_ansible
+from conftest import ANSIBLE_ENV, FIXTURES, LLAMA_8B, ROOT, parse_capture, run_ansible
 from hardware import RTX3090_PAIR, nvml_machine
 
 SYS_3090 = FIXTURES / "A_topo_m" / "2x_rtx3090_SYS_numa_affinity_NA_on_gpu0_club3090_178.txt"
 EPYC_ACS = FIXTURES / "C_lspci" / "amd_epyc_gpp_bridge_40_01_1_acs_enabled_elided_plus_tv_subtree_rccl547.txt"
-LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-}
 
 
 @pytest.fixture
@@ -45,7 +34,7 @@ def box(tmp_path, fake_libcuda, monkeypatch) -> Path:
     # No nvidia-smi here: the topology comes from the saved output.
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **LLAMA_8B}))
     saved = {}
     for name, capture in (("topology", SYS_3090), ("lspci", EPYC_ACS)):
         saved[name] = tmp_path / f"{name}.txt"

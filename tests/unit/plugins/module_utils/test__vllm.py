@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from conftest import LLAMA_8B
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _words
 from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide
 from ansible_collections.gpubox.inference.plugins.module_utils._preflight import for_group
 from ansible_collections.gpubox.inference.plugins.module_utils._vllm import largest_fitting_tp, plan
-
-LLAMA_8B = {
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-}
 
 
 def settings(**overrides) -> dict:
