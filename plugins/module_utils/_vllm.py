@@ -173,15 +173,16 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     env: dict[str, str] = {}
 
     tp, decisions["--tensor-parallel-size"] = _tensor_parallel(settings, facts, model_config)
+    derived_nccl: dict[str, dict] = {}
 
     if settings["device"] == "cuda":
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         decisions["CUDA_DEVICE_ORDER"] = {"code": "cuda_device_order"}
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         decisions["VLLM_WORKER_MULTIPROC_METHOD"] = {"code": "multiproc_spawn"}
-        nccl_env, nccl_why = _nccl(facts, tp * settings["pipeline_parallel_size"])
+        nccl_env, derived_nccl = _nccl(facts, tp * settings["pipeline_parallel_size"])
         env.update(nccl_env)
-        decisions.update(nccl_why)
+        decisions.update(derived_nccl)
         if not preflight.get("rdma_nics"):
             env["NCCL_IB_DISABLE"] = "1"
             decisions["NCCL_IB_DISABLE"] = {"code": "nccl_ib_disable"}
@@ -195,9 +196,10 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
 
     custom_all_reduce = settings.get("disable_custom_all_reduce", "auto")
     if custom_all_reduce == "auto":
-        disable_car = env.get("NCCL_P2P_DISABLE") == "1" and "NCCL_P2P_DISABLE" in decisions
+        # Custom all-reduce copies over P2P itself, whatever NCCL is told (vllm_env included).
+        disable_car = "NCCL_P2P_DISABLE" in derived_nccl
         if disable_car:
-            decisions["--disable-custom-all-reduce"] = decisions["NCCL_P2P_DISABLE"]
+            decisions["--disable-custom-all-reduce"] = derived_nccl["NCCL_P2P_DISABLE"]
     else:
         disable_car = bool(custom_all_reduce)
         if disable_car:

@@ -231,6 +231,14 @@ def test_user_overrides_win():
     assert "--disable-custom-all-reduce" not in result["args"]
 
 
+def test_custom_all_reduce_stays_off_on_broken_p2p_even_when_nccl_is_told_otherwise():
+    """vllm_env may force NCCL's P2P back on; custom all-reduce copies over P2P itself, so it stays off."""
+    result = plan(settings(env={"NCCL_P2P_DISABLE": "0"}), {"gpu": gpus(2), "gpu_p2p": measured(2, {"0-1": "broken"})}, LLAMA_8B)
+    assert result["env"]["NCCL_P2P_DISABLE"] == "0"
+    assert "--disable-custom-all-reduce" in result["args"]
+    assert result["reasons"]["--disable-custom-all-reduce"] == "GPU0-GPU1 P2P copies lose or corrupt data"
+
+
 def test_flags_are_rendered_only_when_set():
     result = plan(
         settings(enable_prefix_caching=True, quantization="awq", extra_args=["--seed", 7], max_num_batched_tokens=4096),
