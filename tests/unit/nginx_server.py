@@ -147,3 +147,46 @@ def asyncio_server(handle):
         loop.call_soon_threadsafe(server.close)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+
+
+@contextmanager
+def recording_upstream():
+    """A stand-in for vLLM that answers every request 200 with JSON and records what reached it.
+
+    Yields ``(port, seen)``; ``seen`` gets ``{"method", "path", "headers", "body_bytes"}`` per request.
+    Its answers carry an ``X-Powered-By`` header, as web frameworks' do, which clients must not see.
+    """
+    seen: list[dict] = []
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                method, path, _version = head[0].split(" ", 2)
+                headers = {}
+                for line in head[1:]:
+                    if ":" in line:
+                        name, value = line.split(":", 1)
+                        headers[name.strip().lower()] = value.strip()
+                size = 0
+                if headers.get("transfer-encoding", "").lower() == "chunked":
+                    while True:
+                        length = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                        await reader.readexactly(length + 2)
+                        size += length
+                        if not length:
+                            break
+                elif "content-length" in headers:
+                    size = len(await reader.readexactly(int(headers["content-length"])))
+                seen.append({"method": method, "path": path, "headers": headers, "body_bytes": size})
+                body = b'{"object": "list", "data": []}'
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Powered-By: stand-in\r\n"
+                    + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    with asyncio_server(handle) as port:
+        yield port, seen

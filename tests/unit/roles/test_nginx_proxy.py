@@ -20,7 +20,7 @@ import time
 
 import pytest
 from conftest import require, run_ansible
-from nginx_server import BODY, CLIENT_KEY, event_times, nginx, paced_upstream, post
+from nginx_server import BODY, CLIENT_KEY, event_times, nginx, paced_upstream, post, recording_upstream
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
 from vllm_server import metric
@@ -38,7 +38,7 @@ def test_site_has_the_streaming_settings(proxy):
     for line in (
         "proxy_buffering off;",
         "proxy_cache off;",
-        "proxy_request_buffering off;",
+        "proxy_request_buffering on;",
         "gzip off;",
         "proxy_http_version 1.1;",
         'proxy_set_header Connection "";',
@@ -109,8 +109,8 @@ def test_request_id_is_passed_through_and_logged(proxy):
     assert response.getheader("Server") == "nginx"  # no version: server_tokens off
     time.sleep(0.2)
     log = (proxy["work"] / "gpubox-openai.access.log").read_text()
-    assert "key=tests" in log
-    assert "rid=abc-123" in log
+    assert 'key="tests"' in log
+    assert 'rid="abc-123"' in log
     assert "uht=" in log
 
 
@@ -183,13 +183,25 @@ def test_upstream_down_is_json_502_and_recovers(vllm_server, tmp_path):
         assert response.status == 502
         assert response.getheader("Content-Type") == "application/json"
         assert json.loads(response.read())["error"]["code"] == "bad_gateway"
+        (tmp_path / "www" / "v1").mkdir(parents=True)
+        (tmp_path / "www" / "v1" / "models").write_text('{"data": []}')
         server = subprocess.Popen(
-            [sys.executable, "-m", "http.server", str(upstream_port), "--bind", "127.0.0.1"], stderr=subprocess.DEVNULL
+            [
+                sys.executable,
+                "-m",
+                "http.server",
+                str(upstream_port),
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+                str(tmp_path / "www"),
+            ],
+            stderr=subprocess.DEVNULL,
         )
         try:
             time.sleep(1)
             connection = http.client.HTTPConnection("127.0.0.1", 18183, timeout=10)
-            connection.request("GET", "/", headers={"Authorization": f"Bearer {CLIENT_KEY}"})
+            connection.request("GET", "/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"})
             assert connection.getresponse().status == 200
         finally:
             server.terminate()
@@ -211,10 +223,11 @@ def test_tls_redirect_handshake_and_protocol_floor(vllm_server, tmp_path):
     }
     with nginx(tmp_path, **variables) as site:
         plain = http.client.HTTPConnection("127.0.0.1", 18184, timeout=10)
-        plain.request("GET", "/v1/models")
+        plain.request("GET", "/v1/models", headers={"Host": "evil.example"})
         redirect = plain.getresponse()
         assert redirect.status == 301
-        assert redirect.getheader("Location") == "https://127.0.0.1:18443/v1/models"
+        # To the box's configured name, never to the Host the client sent.
+        assert redirect.getheader("Location") == "https://localhost:18443/v1/models"
         response = post(18443, {**BODY, "max_tokens": 2, "stream": False}, tls=True)
         assert response.status == 200
         # TLS 1.2 and 1.3 only: a 1.2 client gets in (clients below 1.2 are refused by the ssl_protocols line).
@@ -224,7 +237,25 @@ def test_tls_redirect_handshake_and_protocol_floor(vllm_server, tmp_path):
         tls12.maximum_version = ssl.TLSVersion.TLSv1_2
         with socket.create_connection(("127.0.0.1", 18443)) as raw, tls12.wrap_socket(raw) as wrapped:
             assert wrapped.version() == "TLSv1.2"
+            assert "GCM" in wrapped.cipher()[0] or "CHACHA20" in wrapped.cipher()[0]
         assert "ssl_protocols TLSv1.2 TLSv1.3;" in site
+        assert response.getheader("Strict-Transport-Security") == "max-age=63072000"
+        # TLS 1.2 without forward secrecy or with CBC is refused (openssl s_client, as an attacker would try).
+        for cipher, ok in (
+            ("AES128-SHA", False),
+            ("AES256-GCM-SHA384", False),
+            ("ECDHE-RSA-AES128-SHA", False),
+            ("ECDHE-RSA-AES128-GCM-SHA256", True),
+        ):
+            probe = subprocess.run(
+                [require("openssl"), "s_client", "-connect", "127.0.0.1:18443", "-tls1_2", "-cipher", cipher],
+                input="",
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
+            assert (probe.returncode == 0) is ok, (cipher, probe.stdout[-500:], probe.stderr[-500:])
 
 
 def run_role_checked(tmp_path, **variables) -> subprocess.CompletedProcess:
@@ -250,8 +281,13 @@ def run_role_checked(tmp_path, **variables) -> subprocess.CompletedProcess:
         ({"nginx_proxy_worker_processes": "2; user root"}, 'nginx_proxy_worker_processes is "2; user root"'),
         ({"nginx_proxy_upstreams": []}, "nginx_proxy_upstreams must list at least one host:port (0 given)"),
         ({"nginx_proxy_api_keys": [{"name": "short", "key": "tooshort"}]}, "keys of at least 16 characters"),
+        ({"nginx_proxy_api_keys": [{"name": "weak", "key": "a" * 16}]}, "with at least 10 different characters"),
+        (
+            {"nginx_proxy_api_keys": [{"name": "a", "key": CLIENT_KEY}, {"name": "b", "key": CLIENT_KEY.upper()}]},
+            "no two alike even in another case",
+        ),
     ],
-    ids=["zero-workers", "word-workers", "injected-workers", "no-upstream", "short-key"],
+    ids=["zero-workers", "word-workers", "injected-workers", "no-upstream", "short-key", "weak-key", "keys-alike-but-case"],
 )
 def test_bad_input_is_refused_before_anything_changes(tmp_path, variables, message):
     result = run_role_checked(tmp_path, **variables)
@@ -259,7 +295,8 @@ def test_bad_input_is_refused_before_anything_changes(tmp_path, variables, messa
     assert result.returncode == 2, out[-3000:]
     assert message in " ".join(out.split()), out[-3000:]
     assert "Install Nginx" not in out, "a changing task ran after the check failed"
-    assert "tooshort" not in out
+    for entry in variables.get("nginx_proxy_api_keys", []):
+        assert entry["key"] not in out, "a key was printed"
 
 
 @pytest.mark.parametrize("workers", [1, "4", "auto", None])
@@ -336,3 +373,130 @@ def test_the_self_signed_pair_names_the_box_and_verifies_for_those_names(tmp_pat
     cert = x509.load_pem_x509_certificate((tmp_path / "tls" / "selfsigned.crt").read_bytes())
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "other.lan" in san.get_values_for_type(x509.DNSName), renamed.stdout[-2000:]
+
+
+# ------------------------------------------------------------ the front door holds (a recording stand-in upstream)
+
+
+def ask(port: int, method: str, path: str, headers: dict | None = None, body: bytes | None = None) -> tuple[int, dict, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request(method, path, body=body, headers=headers or {})
+    response = connection.getresponse()
+    return response.status, dict(response.getheaders()), response.read()
+
+
+def authed(**extra) -> dict:
+    return {"Authorization": f"Bearer {CLIENT_KEY}", **extra}
+
+
+@pytest.fixture
+def door(tmp_path):
+    """The role's site in a real Nginx in front of a recording upstream; yields (port, seen, work)."""
+    variables = {
+        "nginx_proxy_http_port": 18190,
+        "nginx_proxy_status_allow": [],
+        "nginx_proxy_client_max_body_size": "8k",
+        "nginx_proxy_extra_routes": [{"path": "/tokenize", "methods": ["POST"]}],
+    }
+    with recording_upstream() as (upstream, seen), nginx(tmp_path, nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"], **variables):
+        yield 18190, seen, tmp_path
+
+
+def test_only_the_openai_routes_reach_vllm_with_their_methods(door):
+    port, seen, _work = door
+    refused = [
+        ("GET", "/metrics/", 404, "not_found"),
+        ("GET", "/metrics/x", 404, "not_found"),
+        ("GET", "/docs", 404, "not_found"),
+        ("GET", "/openapi.json", 404, "not_found"),
+        ("POST", "/detokenize", 404, "not_found"),
+        ("POST", "/v1/load_lora_adapter", 404, "not_found"),
+        ("POST", "/collective_rpc", 404, "not_found"),
+        ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+        ("PUT", "/v1/models", 405, "method_not_allowed"),
+        ("DELETE", "/v1/models", 405, "method_not_allowed"),
+        ("PROPFIND", "/v1/models", 405, "method_not_allowed"),
+        ("GET", "/health", 403, "forbidden"),  # nginx_proxy_status_allow is empty here
+        ("GET", "/metrics", 403, "forbidden"),
+    ]
+    for method, path, status, code in refused:
+        got, headers, body = ask(port, method, path, authed())
+        assert (got, json.loads(body)["error"]["code"]) == (status, code), (method, path, body)
+        assert headers["Content-Type"] == "application/json", (method, path)
+    assert seen == [], "a refused request reached the upstream"
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/tokenize")):
+        got, _headers, _body = ask(port, method, path, authed(), b"{}" if method == "POST" else None)
+        assert got == 200, (method, path)
+    assert [(r["method"], r["path"]) for r in seen] == [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/tokenize"),
+    ]
+
+
+def test_keys_match_exactly_and_failures_are_throttled(door):
+    port, seen, _work = door
+    for wrong in (CLIENT_KEY.upper(), CLIENT_KEY + "x", CLIENT_KEY[:-1], "bearer-" + CLIENT_KEY):
+        got, _headers, body = ask(port, "GET", "/v1/models", {"Authorization": f"Bearer {wrong}"})
+        assert (got, json.loads(body)["error"]["code"]) == (401, "invalid_api_key")
+    got, _headers, _body = ask(port, "GET", "/v1/models", {"Authorization": f"bearer {CLIENT_KEY}"})
+    assert got == 401
+    # Brute force from one address: the burst (10) is answered, then 429 in JSON; none reaches vLLM.
+    statuses = []
+    for guess in range(30):
+        got, _headers, body = ask(port, "GET", "/v1/models", {"Authorization": f"Bearer guess-{guess:024d}"})
+        statuses.append(got)
+    assert set(statuses) == {401, 429}
+    # The 6 wrong keys above used 6 of the burst of 10; at 1 r/s a token or two comes back meanwhile.
+    assert statuses.count(401) <= 10 - 6 + 3, statuses
+    assert statuses[-5:] == [429] * 5
+    assert json.loads(body)["error"]["code"] == "rate_limit_exceeded"
+    assert seen == []
+    # A right key is still served at once.
+    assert ask(port, "GET", "/v1/models", authed())[0] == 200
+
+
+def test_headers_are_cleaned_both_ways_and_the_request_id_is_checked(door):
+    port, seen, work = door
+    sent = authed(Cookie="session=secret", **{"Proxy-Authorization": "Basic eA==", "Forwarded": "for=1.2.3.4"})
+    got, headers, _body = ask(port, "GET", "/v1/models", {**sent, "X-Request-ID": "x key=beta"})
+    assert got == 200
+    upstream = seen[-1]["headers"]
+    for name in ("cookie", "proxy-authorization", "forwarded"):
+        assert name not in upstream, name
+    assert "authorization" not in upstream or CLIENT_KEY not in upstream["authorization"]
+    assert "X-Powered-By" not in headers
+    # An unsafe request id is replaced by Nginx's own, everywhere.
+    assert headers["X-Request-ID"] != "x key=beta"
+    assert upstream["x-request-id"] == headers["X-Request-ID"]
+    got, headers, _body = ask(port, "GET", "/v1/models", authed(**{"X-Request-ID": "req-42.a:b_c"}))
+    assert headers["X-Request-ID"] == "req-42.a:b_c"
+    time.sleep(0.2)
+    log = (work / "gpubox-openai.access.log").read_text()
+    assert "key=beta" not in log
+    assert 'rid="req-42.a:b_c"' in log
+    assert 'key="tests"' in log
+
+
+def test_bodies_over_the_limit_never_reach_vllm_and_nginx_errors_are_json(door):
+    port, seen, _work = door
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {CLIENT_KEY}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        for _chunk in range(12):  # 12 KiB in 1 KiB chunks, over the 8k limit
+            raw.sendall(b"400\r\n" + b"x" * 1024 + b"\r\n")
+        raw.sendall(b"0\r\n\r\n")
+        answer = raw.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 413"), answer[:200]
+    assert '"code":"request_too_large"' in answer
+    assert seen == [], "a chunked body over the limit was streamed upstream"
+    for path, extra, status, code in (
+        ("/v1/models?" + "q" * 9000, {}, 414, "uri_too_long"),
+        ("/v1/models", {"X-Big": "b" * 9000}, 400, "headers_too_large"),
+    ):
+        got, headers, body = ask(port, "GET", path, authed(**extra))
+        assert got == status, (path[:20], got, body[:200])
+        assert json.loads(body)["error"]["code"] == code
+        assert headers["Content-Type"] == "application/json"
