@@ -20,7 +20,7 @@ import time
 
 import pytest
 from conftest import require, run_ansible
-from nginx_server import BODY, CLIENT_KEY, event_times, nginx, paced_upstream, post, recording_upstream
+from nginx_server import BODY, CLIENT_KEY, event_times, nginx, paced_upstream, post, recording_upstream, render_site
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
 from vllm_server import metric
@@ -47,6 +47,17 @@ def test_site_has_the_streaming_settings(proxy):
     ):
         assert line in site, line
     assert "X-Accel-Buffering" not in site
+
+
+@pytest.mark.parametrize(
+    ("variables", "timeout"),
+    [({}, 600), ({"vllm_max_model_len": 32768}, 60 + 32768 // 500), ({"nginx_proxy_read_timeout": 45}, 45)],
+    ids=["model-own-context", "derived-from-max-model-len", "your-choice"],
+)
+def test_the_read_timeout_follows_the_deployment(tmp_path, variables, timeout):
+    """Nginx's read timer runs between reads: the longest gap is the prefill of the longest prompt vLLM accepts."""
+    site = render_site(tmp_path, **variables).read_text()
+    assert f"proxy_read_timeout {timeout}s;" in site
 
 
 def test_vllm_stream_passes_through_the_proxy_unchanged_and_spread_out(proxy):
@@ -367,6 +378,17 @@ def test_the_self_signed_pair_names_the_box_and_verifies_for_those_names(tmp_pat
     assert handshake(tmp_path / "tls", "127.0.0.1") == "TLSv1.3"
     with pytest.raises(ssl.SSLCertVerificationError):
         handshake(tmp_path / "tls", "elsewhere.lan")
+    # And the openssl client, given the certificate as its CA.
+    crt = str(tmp_path / "tls" / "selfsigned.crt")
+    for check, ok in (
+        (["-verify_hostname", "gpu-box.lan"], True),
+        (["-verify_ip", "127.0.0.1"], True),
+        (["-verify_hostname", "elsewhere.lan"], False),
+    ):
+        verify = subprocess.run(
+            [require("openssl"), "verify", "-CAfile", crt, *check, crt], capture_output=True, text=True, check=False
+        )
+        assert (verify.returncode == 0) is ok, (check, verify.stdout, verify.stderr)
     again = make_pair(tmp_path, **names)
     assert re.search(r"localhost\s*:\s*ok=\d+\s+changed=0", again.stdout), again.stdout[-2000:]
     renamed = make_pair(tmp_path, nginx_proxy_server_name="other.lan", ansible_host="192.0.2.10")
