@@ -46,13 +46,13 @@ def render_site(work: Path, **variables) -> Path:
 
 
 @contextmanager
-def nginx(work: Path, **variables):
+def nginx(work: Path, worker_processes: int = 2, worker_connections: int = 4096, **variables):
     """Run a real Nginx with the role's site; yields the site's text."""
     site = render_site(work, **variables)
     conf = work / "nginx.conf"
     conf.write_text(
-        f"worker_processes 2;\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
-        f"events {{ worker_connections 4096; }}\n"
+        f"worker_processes {worker_processes};\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
+        f"worker_rlimit_nofile {2 * worker_connections};\nevents {{ worker_connections {worker_connections}; }}\n"
         f"http {{\n  client_body_temp_path {work}/body;\n  proxy_temp_path {work}/proxy;\n"
         f"  access_log off;\n  include {site};\n}}\n"
     )

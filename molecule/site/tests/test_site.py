@@ -209,6 +209,9 @@ def test_nginx_runs_the_roles_number_of_workers(host):
     # nginx_proxy_worker_processes: 1 by default, in the main configuration; the reload applied it.
     main = host.file("/etc/nginx/nginx.conf").content_string
     assert [line for line in main.splitlines() if line.startswith("worker_processes")] == ["worker_processes 1;"]
+    # Sized for nginx_proxy_max_streams (1024): 2 connections per stream plus 256, and files for them.
+    assert [line.strip() for line in main.splitlines() if "worker_connections" in line] == ["worker_connections 2304;"]
+    assert "worker_rlimit_nofile 4608;" in main.splitlines()
     assert count_processes(host, "nginx: worker process") == 1
 
 

@@ -7,6 +7,7 @@ reloading it as a service.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import itertools
 import json
@@ -19,7 +20,7 @@ import threading
 import time
 
 import pytest
-from conftest import require, run_ansible
+from conftest import ROOT, require, run_ansible
 from nginx_server import BODY, CLIENT_KEY, event_times, nginx, paced_upstream, post, recording_upstream, render_site
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
@@ -522,3 +523,103 @@ def test_bodies_over_the_limit_never_reach_vllm_and_nginx_errors_are_json(door):
         assert got == status, (path[:20], got, body[:200])
         assert json.loads(body)["error"]["code"] == code
         assert headers["Content-Type"] == "application/json"
+
+
+# ------------------------------------------------------------ capacity and slow clients
+
+
+def role_value(tmp_path, name: str, **variables) -> str:
+    """A value the nginx_proxy role derives (its defaults and vars, with ``variables`` given as extra vars)."""
+    role = ROOT / "roles" / "nginx_proxy"
+    tasks = [
+        {"ansible.builtin.include_vars": {"file": str(role / "defaults" / "main.yml")}},
+        {"ansible.builtin.include_vars": {"file": str(role / "vars" / "main.yml")}},
+        {"ansible.builtin.debug": {"msg": "value=[{{ " + name + " }}]"}},
+    ]
+    (tmp_path / "value.yml").write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
+    extra = json.dumps({"ansible_python_interpreter": sys.executable, **variables})
+    result = run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", extra, str(tmp_path / "value.yml"))
+    match = re.search(r"value=\[([^\]]*)\]", result.stdout)
+    assert match, result.stdout[-2000:]
+    return match.group(1)
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["role-sized", "distribution-768"])
+def test_slow_headers_from_one_host_do_not_lock_the_others_out(tmp_path, sized):
+    """900 connections that never finish their headers (more than the distribution's 768): others are still served.
+
+    The negative case runs the same site with Debian's worker_connections (768), where they are not: the test can fail.
+    """
+    connections = int(role_value(tmp_path, "_nginx_proxy_worker_connections", nginx_proxy_max_streams=400))
+    assert connections == 400 * 2 + 256
+    with (
+        recording_upstream() as (upstream, _seen),
+        nginx(
+            tmp_path,
+            worker_processes=1,
+            worker_connections=connections if sized else 768,
+            nginx_proxy_http_port=18192,
+            nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"],
+        ),
+    ):
+        slow = []
+        try:
+            for _client in range(900):
+                sock = socket.create_connection(("127.0.0.1", 18192), timeout=5)
+                sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+                slow.append(sock)
+            time.sleep(0.5)
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", 18192, timeout=3)
+                connection.request("GET", "/v1/models", headers=authed())
+                served = connection.getresponse().status == 200
+            except OSError:
+                served = False
+        finally:
+            for sock in slow:
+                sock.close()
+    assert served is sized
+
+
+def test_the_stated_capacity_streams_at_once(tmp_path):
+    """nginx_proxy_max_streams concurrent streams (400 here, one worker) all complete, each to [DONE]."""
+    streams = 400
+    connections = int(role_value(tmp_path, "_nginx_proxy_worker_connections", nginx_proxy_max_streams=streams))
+    limits = {"nginx_proxy_rate_per_key": "10000r/s", "nginx_proxy_burst_per_key": 10000}
+    limits |= {"nginx_proxy_rate_per_ip": "10000r/s", "nginx_proxy_burst_per_ip": 10000, "nginx_proxy_connections_per_ip": 4096}
+    body = json.dumps(BODY).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {CLIENT_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+    async def one() -> bool:
+        reader, writer = await asyncio.open_connection("127.0.0.1", 18193)
+        writer.write(request)
+        await writer.drain()
+        seen = b""
+        while b"data: [DONE]" not in seen:
+            chunk = await asyncio.wait_for(reader.read(65536), 60)
+            if not chunk:
+                break
+            seen += chunk
+        writer.close()
+        return seen.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in seen
+
+    async def all_at_once() -> list:
+        return await asyncio.gather(*(one() for _stream in range(streams)), return_exceptions=True)
+
+    with (
+        paced_upstream(events=5, gap=0.2) as upstream,
+        nginx(
+            tmp_path,
+            worker_processes=1,
+            worker_connections=connections,
+            nginx_proxy_http_port=18193,
+            nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"],
+            **limits,
+        ),
+    ):
+        results = asyncio.run(all_at_once())
+    assert results.count(True) == streams, [r for r in results if r is not True][:3]
