@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 
 import pytest
 from conftest import ROOT, require, run_ansible
@@ -421,7 +422,9 @@ def door(tmp_path):
         "nginx_proxy_client_max_body_size": "8k",
         "nginx_proxy_extra_routes": [{"path": "/tokenize", "methods": ["POST"]}],
     }
-    with recording_upstream() as (upstream, seen), nginx(tmp_path, nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"], **variables):
+    with ExitStack() as stack:
+        upstream, seen = stack.enter_context(recording_upstream())
+        stack.enter_context(nginx(tmp_path, nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"], **variables))
         yield 18190, seen, tmp_path
 
 
@@ -552,16 +555,10 @@ def test_slow_headers_from_one_host_do_not_lock_the_others_out(tmp_path, sized):
     """
     connections = int(role_value(tmp_path, "_nginx_proxy_worker_connections", nginx_proxy_max_streams=400))
     assert connections == 400 * 2 + 256
-    with (
-        recording_upstream() as (upstream, _seen),
-        nginx(
-            tmp_path,
-            worker_processes=1,
-            worker_connections=connections if sized else 768,
-            nginx_proxy_http_port=18192,
-            nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"],
-        ),
-    ):
+    with ExitStack() as stack:
+        upstream, _seen = stack.enter_context(recording_upstream())
+        site = {"nginx_proxy_http_port": 18192, "nginx_proxy_upstreams": [f"127.0.0.1:{upstream}"]}
+        stack.enter_context(nginx(tmp_path, worker_processes=1, worker_connections=connections if sized else 768, **site))
         slow = []
         try:
             for _client in range(900):
