@@ -114,7 +114,7 @@ def for_group(report: dict, names: list[str]) -> dict:
     ``failures`` and ``warnings`` for those GPUs, in words.
     """
     members = set(names)
-    pairs = [p for p in report["pairs"] if set(p["gpus"]) <= members]
+    pairs = _pairs_in(report, members)
     hanging = [p for p in pairs if p["verdict"] == "hang"]
     decisions = {"nccl_p2p_disable": False, "cause": None, "pairs": [], "bridge": None, "iommu_translated": False}
     if hanging:
@@ -200,10 +200,14 @@ def _problems(pairs, group, bus_of, by_bus, policy) -> list[dict]:
     return problems
 
 
+def _pairs_in(report: dict, members: set[str]) -> list[dict]:
+    """The report's pairs whose two GPUs are both in ``members``."""
+    return [p for p in report["pairs"] if set(p["gpus"]) <= members]
+
+
 def _shown(report: dict) -> list[dict]:
     """The pairs inside the judged group."""
-    group = set(report.get("group") or [])
-    return [p for p in report["pairs"] if set(p["gpus"]) <= group]
+    return _pairs_in(report, set(report.get("group") or []))
 
 
 def _link(gpu: dict) -> str:

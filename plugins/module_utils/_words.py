@@ -18,7 +18,6 @@ TEMPLATES = {
     "p2p.slower_than_staged": "P2P is slower than copying through host memory",
     "p2p.broken": "P2P copies lose or corrupt data",
     "p2p.hang": "a P2P copy never returned",
-    "p2p.tool_hang": "the P2P measurement did not finish within {seconds:.0f} s",
     # Why the preflight finds a GPU pair slow or hanging (_preflight.combine).
     "cause.link": "{link} link",
     "cause.p2p_status": "P2P {status}",
