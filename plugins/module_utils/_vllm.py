@@ -15,7 +15,7 @@ tensor-parallel GPUs, P2P now off) is an error unless ``settings["allow_downgrad
 
 from __future__ import annotations
 
-from ansible_collections.gpubox.inference.plugins.module_utils import _p2p, _preflight
+from ansible_collections.gpubox.inference.plugins.module_utils import _hub, _p2p, _preflight
 from ansible_collections.gpubox.inference.plugins.module_utils._words import explain
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "auto": 2}
@@ -68,6 +68,9 @@ def validate(settings: dict, facts: dict, model_config: dict | None, tp: int) ->
         errors.append(f"vllm_model={settings['model']!r} is a path that does not exist on the host")
     if not settings["model"]:
         errors.append("vllm_model must name a Hugging Face model id or an absolute path on the host")
+    disk = (facts.get("hub") or {}).get("disk_problem")
+    if disk:
+        errors.append(explain(disk))
     port = _port(settings)
     if not 1 <= port <= 65535:
         errors.append(f"vllm_port={port} must be a TCP port, from 1 to 65535")
@@ -206,6 +209,19 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
             decisions["--disable-custom-all-reduce"] = {"code": "user_choice"}
 
     args = ["--model", settings["container_model"], "--served-model-name", settings["served_model_name"]]
+    hub = facts.get("hub") or {}
+    if hub.get("commit"):
+        # The role fetched this commit before the server starts (vllm_model_fetch=role).
+        env["HF_HUB_OFFLINE"] = "1"
+        decisions["HF_HUB_OFFLINE"] = {"code": "hub_offline", "model": settings["model"], "commit": hub["commit"][:12]}
+    elif _hub_id(settings):
+        endpoint = str(settings.get("hf_endpoint") or _hub.DEFAULT_ENDPOINT).rstrip("/")
+        if endpoint != _hub.DEFAULT_ENDPOINT:
+            env["HF_ENDPOINT"] = endpoint
+            decisions["HF_ENDPOINT"] = {"code": "user_choice"}
+        if settings.get("model_revision") and settings["model_revision"] != "main":
+            args += ["--revision", settings["model_revision"]]
+            decisions["--revision"] = {"code": "user_choice"}
     port = _port(settings)
     if settings.get("network_mode", "host") == "host":
         args += ["--host", "127.0.0.1", "--port", str(port)]
@@ -232,13 +248,15 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         args += ["--dtype", settings["dtype"]]
     if settings.get("quantization"):
         args += ["--quantization", settings["quantization"]]
-    for flag, key in (
-        ("--enable-chunked-prefill", "enable_chunked_prefill"),
-        ("--enable-prefix-caching", "enable_prefix_caching"),
-        ("--enforce-eager", "enforce_eager"),
-    ):
-        if settings.get(key):
-            args.append(flag)
+    for flag, key in TRI_STATE:
+        choice = tri_state(settings.get(key))
+        if choice is None:
+            decisions[flag] = {"code": "vllm_default", "flag": flag}
+        else:
+            args.append(flag if choice else "--no-" + flag[2:])
+            decisions[flag] = {"code": "user_choice"}
+    if settings.get("enforce_eager"):
+        args.append("--enforce-eager")
     if disable_car:
         args.append("--disable-custom-all-reduce")
     args += [str(a) for a in settings.get("extra_args") or []]
@@ -246,6 +264,8 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     errors = validate(settings, facts, model_config, tp)
     deployed = {
         "tensor_parallel_size": tp,
+        "model_revision": settings.get("model_revision") or "main",
+        "model_commit": hub.get("commit"),
         "nccl_p2p_disable": env.get("NCCL_P2P_DISABLE") == "1",
         "fingerprint": (facts.get("gpu") or {}).get("fingerprint"),
     }
@@ -277,6 +297,26 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         # What the role stores once deployed; the next run's facts["previous"].
         "record": deployed,
     }
+
+
+# Settings whose vLLM default is on in current releases: unset leaves vLLM's default, false passes --no-...
+TRI_STATE = (
+    ("--enable-chunked-prefill", "enable_chunked_prefill"),
+    ("--enable-prefix-caching", "enable_prefix_caching"),
+)
+
+
+def tri_state(value) -> bool | None:
+    """None for unset (None, '', 'default'), else the boolean; strings from ``-e`` count as their meaning."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null", "default")):
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    return bool(value)
+
+
+def _hub_id(settings: dict) -> bool:
+    return bool(settings.get("model")) and not str(settings["model"]).startswith("/")
 
 
 def fits_heads(size: int, heads: int | None, kv_heads: int | None = None) -> bool:

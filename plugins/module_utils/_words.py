@@ -51,11 +51,57 @@ TEMPLATES = {
     "cpu_kvcache": "GiB of KV cache for the CPU backend",
     "user_env": "your choice (vllm_env)",
     "user_choice": "your choice",
+    "vllm_default": "unset: vLLM's own default (on in current releases); set it true or false to decide",
+    "hub_offline": "the role fetched {model} at {commit} before the server started: restarts and reboots never need the network",
     "host_network": (
         "127.0.0.1:{port} on the host's own network, loopback only: no docker-proxy relays every streamed token "
         "(a published port measured 0.78x the throughput at 50 streams on the 2-core bench machine)"
     ),
     "bridge_network": "the container's bridge network, published on 127.0.0.1:{port} only (your choice)",
+    # The model on a Hub or a mirror (_hub, hf_model_info, hf_model_fetch).
+    "hub.gated_no_token": (
+        "{model} at {endpoint} answered HTTP {status}: the model is gated. Accept its terms on its page with your account, "
+        "then set vllm_hf_token (in a vault) to a token of that account"
+    ),
+    "hub.gated_no_access": (
+        "{model} at {endpoint} answered HTTP {status}: the token in vllm_hf_token has no access to this gated model. "
+        "Accept its terms with the token's account, or use a token that has access"
+    ),
+    "hub.not_found": (
+        "{model} at {endpoint} answered HTTP {status}: no such model. Check vllm_model for a typo; "
+        "a private model also needs vllm_hf_token"
+    ),
+    "hub.revision_not_found": (
+        "{model} at {endpoint} answered HTTP {status}: it has no revision {revision!r}. Check vllm_model_revision"
+    ),
+    "hub.token_refused": (
+        "{model} at {endpoint} answered HTTP {status}: the token in vllm_hf_token was refused. "
+        "Check that it is valid and not expired"
+    ),
+    "hub.forbidden": (
+        "{model} at {endpoint} answered HTTP {status}: access is forbidden. Check vllm_hf_token and the model's access"
+    ),
+    "hub.http_error": (
+        "{model} at {endpoint} answered HTTP {status} ({detail}). The Hub may be busy or down: run again later, "
+        "or set vllm_hf_endpoint to a mirror"
+    ),
+    "hub.unreachable": (
+        "{endpoint} cannot be reached from the box for {model} ({reason}). Check the box's network, DNS and proxy, "
+        "or set vllm_hf_endpoint to a mirror it can reach"
+    ),
+    "hub.bad_answer": (
+        "{endpoint} answered {url} with something that is not the Hub's JSON ({reason}): is vllm_hf_endpoint a Hub or a mirror?"
+    ),
+    "hub.no_weights": (
+        "{model} at {commit} has no safetensors or .bin weights at its top level: vLLM cannot load this revision "
+        "(a GGUF or other format needs a local path in vllm_model)"
+    ),
+    "hub.disk": (
+        "{model} does not fit in vllm_hf_cache_dir={path}: {missing} still to download plus the margin needs {needed}, "
+        "and {free} is free there. Free some space, or set vllm_hf_cache_dir to a larger disk"
+    ),
+    "hub.progress": "{model}: {done} of {total} ({percent:.0f}%) at {rate}, {left} left, {elapsed} so far",
+    "hub.fetch_failed": "downloading {model} at {commit} from {endpoint} failed (exit code {rc}); its last lines: {log}",
 }
 
 

@@ -246,7 +246,7 @@ def test_flags_are_rendered_only_when_set():
         LLAMA_8B,
     )
     assert "--enable-prefix-caching" in result["args"]
-    assert "--enable-chunked-prefill" not in result["args"]
+    assert not [arg for arg in result["args"] if "chunked-prefill" in arg]
     assert flag(result, "--quantization") == "awq"
     assert flag(result, "--max-num-batched-tokens") == "4096"
     assert result["args"][-2:] == ["--seed", "7"]
@@ -339,7 +339,13 @@ def swapped(count: int, previous: dict, **extra) -> dict:
 
 def test_the_record_is_what_the_next_run_compares_with():
     result = plan(settings(), {"gpu": {**gpus(2), "fingerprint": "abc"}}, LLAMA_8B)
-    assert result["record"] == {"tensor_parallel_size": 2, "nccl_p2p_disable": False, "fingerprint": "abc"}
+    assert result["record"] == {
+        "tensor_parallel_size": 2,
+        "nccl_p2p_disable": False,
+        "fingerprint": "abc",
+        "model_revision": "main",
+        "model_commit": None,
+    }
     assert plan(settings(), {"gpu": gpus(2), "gpu_p2p": {"decisions": BROKEN}}, LLAMA_8B)["record"]["nccl_p2p_disable"]
 
 
@@ -403,3 +409,68 @@ def test_no_downgrade_no_error(previous, count, p2p):
 )
 def test_largest_fitting_tp(gpus_, heads, size):
     assert largest_fitting_tp(gpus_, heads) == size
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, None),
+        ("", None),
+        (True, "--enable-{}"),
+        ("true", "--enable-{}"),
+        (False, "--no-enable-{}"),
+        ("false", "--no-enable-{}"),
+    ],
+)
+@pytest.mark.parametrize("name", ["prefix-caching", "chunked-prefill"])
+def test_settings_vllm_turns_on_are_tri_state(name, value, shown):
+    """Unset leaves vLLM's default and says so; false passes --no-enable-..., since vLLM's default is on."""
+    key = "enable_" + name.replace("-", "_")
+    result = plan(settings(**{key: value}), {"gpu": gpus(1)}, LLAMA_8B)
+    passed = [arg for arg in result["args"] if arg.endswith(name)]
+    assert passed == ([shown.format(name)] if shown else [])
+    reason = result["reasons"][f"--enable-{name}"]
+    assert reason == (
+        "your choice" if shown else "unset: vLLM's own default (on in current releases); set it true or false to decide"
+    )
+
+
+HUB = {"commit": "0123456789abcdef0123456789abcdef01234567", "disk_problem": None}
+
+
+def test_a_fetched_hub_model_runs_offline_on_its_commit_and_is_recorded():
+    result = plan(settings(model_revision="v1.0"), {"gpu": gpus(1), "hub": HUB}, LLAMA_8B)
+    assert result["env"]["HF_HUB_OFFLINE"] == "1"
+    assert result["reasons"]["HF_HUB_OFFLINE"] == (
+        "the role fetched meta-llama/Llama-3.1-8B-Instruct at 0123456789ab before the server started: "
+        "restarts and reboots never need the network"
+    )
+    assert "--revision" not in result["args"], "the snapshot folder is the revision"
+    assert result["record"]["model_commit"] == HUB["commit"]
+    assert result["record"]["model_revision"] == "v1.0"
+
+
+def test_a_hub_model_left_to_vllm_gets_its_revision_and_endpoint():
+    result = plan(settings(model_revision="v1.0", hf_endpoint="https://hf-mirror.com/"), {"gpu": gpus(1)}, LLAMA_8B)
+    assert flag(result, "--revision") == "v1.0"
+    assert result["env"]["HF_ENDPOINT"] == "https://hf-mirror.com"
+    assert "HF_HUB_OFFLINE" not in result["env"]
+    default = plan(settings(hf_endpoint="https://huggingface.co"), {"gpu": gpus(1)}, LLAMA_8B)
+    assert "HF_ENDPOINT" not in default["env"]
+    assert "--revision" not in default["args"]
+
+
+def test_a_model_the_disk_cannot_hold_is_a_plan_error_with_both_numbers():
+    disk = {
+        "code": "hub.disk",
+        "model": "m/x",
+        "path": "/var/lib/gpubox/huggingface",
+        "missing": "15.0 GiB",
+        "needed": "16.0 GiB",
+        "free": "9.5 GiB",
+    }
+    result = plan(settings(), {"gpu": gpus(1), "hub": {**HUB, "disk_problem": disk}}, LLAMA_8B)
+    assert result["errors"] == [
+        "m/x does not fit in vllm_hf_cache_dir=/var/lib/gpubox/huggingface: 15.0 GiB still to download plus the margin "
+        "needs 16.0 GiB, and 9.5 GiB is free there. Free some space, or set vllm_hf_cache_dir to a larger disk"
+    ]
