@@ -29,6 +29,7 @@ NUMBERS = {
     "max_num_batched_tokens": int,
     "min_concurrent_sequences": int,
     "port": int,
+    "swap_space": int,
     "gpu_memory_utilization": float,
 }
 

@@ -68,6 +68,11 @@ def validate(settings: dict, facts: dict, model_config: dict | None, tp: int) ->
         errors.append(f"vllm_model={settings['model']!r} is a path that does not exist on the host")
     if not settings["model"]:
         errors.append("vllm_model must name a Hugging Face model id or an absolute path on the host")
+    if settings.get("swap_space"):
+        errors.append(
+            f"vllm_swap_space={settings['swap_space']}: the vLLM this collection deploys has no --swap-space "
+            "(vLLM removed it); remove the variable"
+        )
     disk = (facts.get("hub") or {}).get("disk_problem")
     if disk:
         errors.append(explain(disk))
@@ -240,7 +245,6 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     for flag, key in (
         ("--max-model-len", "max_model_len"),
         ("--max-num-batched-tokens", "max_num_batched_tokens"),
-        ("--swap-space", "swap_space"),
     ):
         if settings.get(key):
             args += [flag, str(settings[key])]
