@@ -15,10 +15,10 @@ import subprocess
 import pytest
 import yaml
 from conftest import LLAMA_8B, ROOT, require
+from vllm_server import image_name
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _vllm
 from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide
-from vllm_server import image_name
 
 
 def pinned_vllm() -> str:
@@ -105,7 +105,8 @@ for name, plan in plans.items():
         parser.parse_args(plan["args"])
     except (ValueError, SystemExit) as exc:
         result["refused"][name] = str(exc)
-    result["unknown_env"] += [key for key in plan["env"] if key.startswith("VLLM_") and key not in vllm.envs.environment_variables]
+    known = vllm.envs.environment_variables
+    result["unknown_env"] += [key for key in plan["env"] if key.startswith("VLLM_") and key not in known]
 print("RESULT " + json.dumps(result))
 """
 
