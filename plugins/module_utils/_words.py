@@ -101,6 +101,20 @@ TEMPLATES = {
         "and {free} is free there. Free some space, or set vllm_hf_cache_dir to a larger disk"
     ),
     "hub.progress": "{model}: {done} of {total} ({percent:.0f}%) at {rate}, {left} left, {elapsed} so far",
+    # What a starting vLLM says it is doing (_vllm_log.phase), with the time since the deploy.
+    "start.container": "{project}: the container is starting, {elapsed} so far",
+    "start.engine": "{project}: initializing the engine, {elapsed} so far",
+    "start.loading_weights": "{project}: loading the weights, {elapsed} so far",
+    "start.loading_shards": "{project}: loading the weights (shard {done} of {total}), {elapsed} so far",
+    "start.weights_loaded": "{project}: weights loaded, preparing the engine, {elapsed} so far",
+    "start.compiling": "{project}: compiling the model (torch.compile), {elapsed} so far",
+    "start.profiling": "{project}: profiling memory and sizing the KV cache, {elapsed} so far",
+    "start.cuda_graphs": "{project}: capturing CUDA graphs, {elapsed} so far",
+    "start.cuda_graphs_percent": "{project}: capturing CUDA graphs ({percent}%), {elapsed} so far",
+    "start.ready": "{project}: the server is up, waiting for /v1/models, {elapsed} so far",
+    "start.answered": "{project}: /v1/models answered after {elapsed}",
+    "start.timeout": "vLLM did not answer on {url} within vllm_wait_timeout={timeout} s; its last log lines: {log}",
+    "start.exited": "vLLM's container {status} (exit code {rc}) before it answered on {url}; its last log lines: {log}",
     "hub.fetch_failed": "downloading {model} at {commit} from {endpoint} failed (exit code {rc}); its last lines: {log}",
 }
 

@@ -47,6 +47,8 @@ def role_vars(work: Path, image: str, records: Path | None = None, **extra) -> d
         "vllm_wait_timeout": 300,
         # The role's state (/var/lib/gpubox on a box) goes to the test's folder, not this machine's /var/lib.
         "_vllm_state_dir": str(records / "state"),
+        # A start-up line every 2 s, so that the tests see them.
+        "_vllm_progress_interval": 2,
         **extra,
     }
 

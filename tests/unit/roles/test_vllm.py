@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import urllib.error
 import urllib.request
@@ -207,17 +208,40 @@ def test_a_server_that_does_not_come_up_fails_with_its_log(workdir, image):
         vllm_project_name="gpubox-test-vllm-broken",
         vllm_port=PORT + 1,
         vllm_extra_args=["--no-such-flag"],
-        vllm_wait_timeout=20,
     )
     try:
         result = run_role(work, variables)
         out = result.stdout + result.stderr
         assert result.returncode == 2
-        assert f"vLLM did not answer on 127.0.0.1:{PORT + 1}/v1/models; its last log lines:" in out
+        # Said as soon as the container exits (vllm_wait_timeout is 300 s here), not at the timeout.
+        assert f"before it answered on http://127.0.0.1:{PORT + 1}/v1/models; its last log lines:" in out
+        assert "vLLM's container " in out
         assert "--no-such-flag" in out.split("its last log lines:", 1)[1]
+        assert "Rolled back" not in out, "there was no earlier deployment to roll back to"
     finally:
         subprocess.run(
             ["docker", "compose", "--project-name", "gpubox-test-vllm-broken", "down", "--timeout", "1"],
             capture_output=True,
             check=False,
         )
+
+
+def test_the_start_shows_what_the_server_is_doing(deployed):
+    lines = [line for line in deployed.stdout.splitlines() if line.startswith(f"{PROJECT}: ")]
+    assert lines, deployed.stdout[-3000:]
+    assert any(line.endswith(" so far") for line in lines), lines
+    assert re.fullmatch(rf"{PROJECT}: /v1/models answered after \d+s", lines[-1]), lines
+
+
+def test_a_deploy_that_does_not_come_up_rolls_back_to_the_one_that_answered(deployed, workdir, image):
+    good = (workdir / "project" / "compose.yaml").read_text()
+    assert (workdir / "state" / "compose.good.yaml").read_text() == good
+    broken = run_role(workdir, role_vars(workdir, image, vllm_extra_args=["--no-such-flag"]))
+    out = broken.stdout + broken.stderr
+    assert broken.returncode == 2, out[-3000:]
+    assert "its last log lines:" in out
+    assert "Rolled back: the last deployment that answered is serving again" in out
+    assert (workdir / "project" / "compose.yaml").read_text() == good
+    assert [model.id for model in client().models.list()] == ["tiny"]
+    pieces, _finish = stream_text("hello again")
+    assert pieces
