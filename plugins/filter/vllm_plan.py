@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpubox.inference.plugins.module_utils._vllm import plan
+from ansible_collections.gpubox.inference.plugins.module_utils._vllm import cuda_finding, plan
+from ansible_collections.gpubox.inference.plugins.module_utils._words import explain
 
 REQUIRED = (
     "model",
@@ -51,6 +52,12 @@ def vllm_plan(settings, facts, model_config=None, weights_bytes=None):
     return plan(settings, dict(facts), model_config or None, int(weights_bytes) if weights_bytes else None)
 
 
+def vllm_cuda_refusal(image_env, image, driver_cuda=None):
+    """Why the image cannot run on this driver, in words, or an empty string (see vllm_cuda_refusal's documentation)."""
+    finding = cuda_finding(str(image), list(image_env or []), str(driver_cuda) if driver_cuda else None)
+    return explain(finding) if finding else ""
+
+
 class FilterModule:
     def filters(self):
-        return {"vllm_plan": vllm_plan}
+        return {"vllm_plan": vllm_plan, "vllm_cuda_refusal": vllm_cuda_refusal}

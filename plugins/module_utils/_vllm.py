@@ -15,6 +15,8 @@ tensor-parallel GPUs, P2P now off) is an error unless ``settings["allow_downgrad
 
 from __future__ import annotations
 
+import re
+
 from ansible_collections.gpubox.inference.plugins.module_utils import _hub, _p2p, _preflight
 from ansible_collections.gpubox.inference.plugins.module_utils._words import explain
 
@@ -346,3 +348,28 @@ def downgrades(previous: dict | None, deployed: dict) -> list[str]:
     if after > 1 and deployed["nccl_p2p_disable"] and not previous.get("nccl_p2p_disable"):
         lost.append("GPU peer-to-peer was on and must now be off (NCCL_P2P_DISABLE=1)")
     return lost
+
+
+def cuda_required(image_env: list[str] | None) -> str | None:
+    """The CUDA version an image declares it needs, from its ``NVIDIA_REQUIRE_CUDA=cuda>=X.Y ...``; None if none."""
+    for item in image_env or []:
+        name, _sep, value = str(item).partition("=")
+        if name == "NVIDIA_REQUIRE_CUDA":
+            found = re.search(r"(?:^|\s)cuda>=(\d+)\.(\d+)", value)
+            return f"{found.group(1)}.{found.group(2)}" if found else None
+    return None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+def cuda_finding(image: str, image_env: list[str] | None, driver_cuda: str | None) -> dict | None:
+    """A refusal when the image needs a newer CUDA than the driver supports (NVML's CUDA driver version), else None.
+
+    An image that declares nothing, or a box whose driver version is unknown, is not judged.
+    """
+    required = cuda_required(image_env)
+    if not required or not driver_cuda or _version(driver_cuda) >= _version(required):
+        return None
+    return {"code": "cuda.too_old", "image": image, "required": required, "driver": driver_cuda}

@@ -101,6 +101,11 @@ TEMPLATES = {
         "and {free} is free there. Free some space, or set vllm_hf_cache_dir to a larger disk"
     ),
     "hub.progress": "{model}: {done} of {total} ({percent:.0f}%) at {rate}, {left} left, {elapsed} so far",
+    # The image against the driver (_vllm.cuda_finding).
+    "cuda.too_old": (
+        "{image} needs CUDA {required} (its NVIDIA_REQUIRE_CUDA), and the NVIDIA driver on this box supports CUDA {driver} "
+        "(NVML): update the driver, or set vllm_image_tag to a vLLM image built for CUDA {driver} or older"
+    ),
     # What a starting vLLM says it is doing (_vllm_log.phase), with the time since the deploy.
     "start.container": "{project}: the container is starting, {elapsed} so far",
     "start.engine": "{project}: initializing the engine, {elapsed} so far",

@@ -76,12 +76,11 @@ def plan_only(work: Path, variables: dict) -> subprocess.CompletedProcess:
     return run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", extra, str(work / "plan.yml"))
 
 
-@pytest.mark.parametrize("allow", [False, True])
-def test_a_gpu_swap_that_loses_a_gpu_is_refused_unless_allowed(workdir, image, tmp_path, monkeypatch, allow):
-    """The last deployment ran on 2 GPUs; now NVML sees 1. The plan fails before anything changes, or warns."""
+def one_stand_in_gpu(tmp_path: Path, monkeypatch, **machine) -> None:
+    """NVML (the stand-in pynvml) and nvidia-smi see one RTX 3090 of the captured pair, for the plays this test runs."""
     fakes = ROOT / "tests" / "unit" / "fakes"
     monkeypatch.setitem(ANSIBLE_ENV, "PYTHONPATH", os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")]))
-    one_gpu = {**RTX3090_PAIR, "gpus": RTX3090_PAIR["gpus"][:1], "p2p": {}, "topology": {}}
+    one_gpu = {**RTX3090_PAIR, "gpus": RTX3090_PAIR["gpus"][:1], "p2p": {}, "topology": {}, **machine}
     monkeypatch.setitem(ANSIBLE_ENV, "GPUBOX_FAKE_NVML", str(nvml_machine(tmp_path / "machine.json", one_gpu)))
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -90,6 +89,12 @@ def test_a_gpu_swap_that_loses_a_gpu_is_refused_unless_allowed(workdir, image, t
     (bindir / "nvidia-smi").write_text(f"#!/bin/sh\ncat {topo}\n")
     (bindir / "nvidia-smi").chmod(0o755)
     monkeypatch.setitem(ANSIBLE_ENV, "PATH", f"{bindir}{os.pathsep}{ANSIBLE_ENV['PATH']}")
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_gpu_swap_that_loses_a_gpu_is_refused_unless_allowed(workdir, image, tmp_path, monkeypatch, allow):
+    """The last deployment ran on 2 GPUs; now NVML sees 1. The plan fails before anything changes, or warns."""
+    one_stand_in_gpu(tmp_path, monkeypatch)
     variables = role_vars(workdir, image, vllm_device="cuda", vllm_project_dir=str(tmp_path / "project"))
     variables["_vllm_state_dir"] = str(tmp_path / "state")
     (tmp_path / "state").mkdir()
@@ -245,3 +250,23 @@ def test_a_deploy_that_does_not_come_up_rolls_back_to_the_one_that_answered(depl
     assert [model.id for model in client().models.list()] == ["tiny"]
     pieces, _finish = stream_text("hello again")
     assert pieces
+
+
+def test_an_image_that_needs_a_newer_cuda_than_the_driver_is_refused_before_the_switch(workdir, image, tmp_path, monkeypatch):
+    """The image declares cuda>=12.8; the stand-in driver supports CUDA 12.4: refused, naming both, before Compose."""
+    needs = f"{image.split(':')[0]}:needs-cuda-12.8"
+    (tmp_path / "Dockerfile").write_text(
+        f'FROM {image}\nENV NVIDIA_REQUIRE_CUDA="cuda>=12.8 brand=unknown,driver>=470,driver<471"\n'
+    )
+    docker("build", "-q", "-t", needs, str(tmp_path))
+    try:
+        one_stand_in_gpu(tmp_path, monkeypatch, cuda=12040)
+        variables = role_vars(workdir, image, vllm_device="cuda", vllm_project_dir=str(tmp_path / "project"))
+        variables |= {"vllm_image_tag": "needs-cuda-12.8", "_vllm_state_dir": str(tmp_path / "state")}
+        result = run_role(tmp_path, variables)
+        out = result.stdout + result.stderr
+        assert result.returncode == 2, out[-3000:]
+        assert f"{needs} needs CUDA 12.8 (its NVIDIA_REQUIRE_CUDA), and the NVIDIA driver on this box supports CUDA 12.4" in out
+        assert not (tmp_path / "project" / "compose.yaml").exists()
+    finally:
+        docker("image", "rm", needs)

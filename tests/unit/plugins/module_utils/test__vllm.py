@@ -8,7 +8,7 @@ from conftest import LLAMA_8B
 from ansible_collections.gpubox.inference.plugins.module_utils import _words
 from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide
 from ansible_collections.gpubox.inference.plugins.module_utils._preflight import for_group
-from ansible_collections.gpubox.inference.plugins.module_utils._vllm import largest_fitting_tp, plan
+from ansible_collections.gpubox.inference.plugins.module_utils._vllm import cuda_finding, cuda_required, largest_fitting_tp, plan
 
 
 def settings(**overrides) -> dict:
@@ -474,3 +474,44 @@ def test_a_model_the_disk_cannot_hold_is_a_plan_error_with_both_numbers():
         "m/x does not fit in vllm_hf_cache_dir=/var/lib/gpubox/huggingface: 15.0 GiB still to download plus the margin "
         "needs 16.0 GiB, and 9.5 GiB is free there. Free some space, or set vllm_hf_cache_dir to a larger disk"
     ]
+
+
+# The environment of an image built on nvidia/cuda:12.8.1-devel-ubuntu22.04 as `docker image inspect` shows it
+# (its NVIDIA_REQUIRE_CUDA shortened: the real one lists more brands).
+CUDA_12_8_ENV = [
+    "PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "NVARCH=x86_64",
+    "NVIDIA_REQUIRE_CUDA=cuda>=12.8 brand=unknown,driver>=470,driver<471 brand=grid,driver>=470,driver<471",
+    "CUDA_VERSION=12.8.1",
+]
+
+
+@pytest.mark.parametrize(
+    ("driver", "refused"), [("12.8", False), ("13.0", False), ("12.10", False), ("12.4", True), ("11.8", True)]
+)
+def test_an_image_that_needs_a_newer_cuda_than_the_driver_is_refused(driver, refused):
+    finding = cuda_finding("vllm/vllm-openai:v0.32.0", CUDA_12_8_ENV, driver)
+    if not refused:
+        assert finding is None
+        return
+    assert _words.explain(finding) == (
+        f"vllm/vllm-openai:v0.32.0 needs CUDA 12.8 (its NVIDIA_REQUIRE_CUDA), and the NVIDIA driver on this box supports "
+        f"CUDA {driver} (NVML): update the driver, or set vllm_image_tag to a vLLM image built for CUDA {driver} or older"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "driver"),
+    [
+        ([], "11.0"),
+        (["NVIDIA_REQUIRE_CUDA="], "11.0"),
+        (["NVIDIA_REQUIRE_CUDA=brand=tesla,driver>=470"], "11.0"),
+        (CUDA_12_8_ENV, None),
+    ],
+)
+def test_what_an_image_or_a_driver_does_not_say_is_not_judged(env, driver):
+    assert cuda_finding("img", env, driver) is None
+
+
+def test_the_requirement_is_read_from_its_own_variable():
+    assert cuda_required(["OTHER=cuda>=99.0", "NVIDIA_REQUIRE_CUDA=cuda>=13.0 brand=unknown"]) == "13.0"
