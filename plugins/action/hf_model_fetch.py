@@ -94,7 +94,8 @@ class ActionModule(ActionBase):
         if args.get("env_file"):
             container["env_file"] = args["env_file"]
         display.display(
-            f"{model}: downloading {len(files)} files, {_hub.human_bytes(before['missing_bytes'])} to go, from {endpoint}"
+            f"{model}: downloading {len(files)} files, {_hub.human_bytes(before['missing_bytes'])} to go, from {endpoint}",
+            stderr=True,
         )
         started = time.monotonic()
         self._module("community.docker.docker_container", container, task_vars)
@@ -106,7 +107,7 @@ class ActionModule(ActionBase):
                 time.sleep(interval)
                 done = _hub.cache_state(files, self._blobs(storage, task_vars), set())["done_bytes"]
                 line = _hub.progress(total, done, before["done_bytes"], time.monotonic() - started)
-                display.display(say("hub.progress", model=model, **line))
+                display.display(say("hub.progress", model=model, **line), stderr=True)
             rc = int(state.get("ExitCode", -1))
             if rc != 0:
                 logs = self._execute_module(
@@ -131,6 +132,7 @@ class ActionModule(ActionBase):
             **_hub.progress(total, after["done_bytes"], before["done_bytes"], elapsed),
         )
         display.display(
-            say("hub.progress", model=model, **_hub.progress(total, after["done_bytes"], before["done_bytes"], elapsed))
+            say("hub.progress", model=model, **_hub.progress(total, after["done_bytes"], before["done_bytes"], elapsed)),
+            stderr=True,
         )
         return result

@@ -59,7 +59,7 @@ class ActionModule(ActionBase):
             )
             elapsed = time.monotonic() - started
             if not answer.get("failed"):
-                display.display(say("start.answered", project=project, elapsed=human_seconds(elapsed)))
+                display.display(say("start.answered", project=project, elapsed=human_seconds(elapsed)), stderr=True)
                 result.update(elapsed_s=round(elapsed, 1), status=answer.get("status"))
                 return result
             info = self._execute_module(
@@ -77,6 +77,6 @@ class ActionModule(ActionBase):
                 )
             if time.monotonic() - last_line >= interval:
                 found = _vllm_log.phase(self._logs(container, 200, task_vars))
-                display.display(_vllm_log.words(found, project, human_seconds(elapsed)))
+                display.display(_vllm_log.words(found, project, human_seconds(elapsed)), stderr=True)
                 last_line = time.monotonic()
             time.sleep(min(2.0, interval))

@@ -101,6 +101,9 @@ TEMPLATES = {
         "and {free} is free there. Free some space, or set vllm_hf_cache_dir to a larger disk"
     ),
     "hub.progress": "{model}: {done} of {total} ({percent:.0f}%) at {rate}, {left} left, {elapsed} so far",
+    # An image pull (_docker_pull.progress, image_pull).
+    "pull.progress": "{image}: {pulled} of {layers} layers pulled ({downloaded} downloaded), {elapsed} so far",
+    "pull.failed": "docker pull {image} failed (exit code {rc}): {log}",
     # The image against the driver (_vllm.cuda_finding).
     "cuda.too_old": (
         "{image} needs CUDA {required} (its NVIDIA_REQUIRE_CUDA), and the NVIDIA driver on this box supports CUDA {driver} "

@@ -34,6 +34,7 @@ INSTALLED_BY = {
     "openssl": "scripts/host-tools.sh (openssl)",
     "gcc": "scripts/host-tools.sh (gcc, libc6-dev)",
     "docker": "scripts/docker-engine.sh (docker.io and Compose v2)",
+    "docker-registry": "scripts/host-tools.sh (docker-registry)",
 }
 
 

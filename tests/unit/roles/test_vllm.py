@@ -232,8 +232,8 @@ def test_a_server_that_does_not_come_up_fails_with_its_log(workdir, image):
 
 
 def test_the_start_shows_what_the_server_is_doing(deployed):
-    lines = [line for line in deployed.stdout.splitlines() if line.startswith(f"{PROJECT}: ")]
-    assert lines, deployed.stdout[-3000:]
+    lines = [line for line in deployed.stderr.splitlines() if line.startswith(f"{PROJECT}: ")]
+    assert lines, deployed.stderr[-3000:]
     assert any(line.endswith(" so far") for line in lines), lines
     assert re.fullmatch(rf"{PROJECT}: /v1/models answered after \d+s", lines[-1]), lines
 

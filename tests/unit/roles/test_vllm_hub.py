@@ -132,7 +132,8 @@ def chat(port: int = SERVED_PORT) -> str:
 
 
 def test_the_role_fetches_a_gated_model_with_its_token_and_serves_it_offline(served, hub):
-    out = served["result"].stdout
+    # Progress lines go to stderr, so that stdout stays the callback's (JSON with the json callback).
+    out = served["result"].stderr
     assert f"{GATED}: downloading 6 files, 672.7 KiB to go, from http://127.0.0.1:{HUB_PORT}" in out
     assert f"{GATED}: 672.7 KiB of 672.7 KiB (100%)" in out
     assert hub.gets(GATED, "model.safetensors") == 1
@@ -177,7 +178,7 @@ def test_a_second_run_downloads_nothing_and_changes_nothing(served, hub, vllm_se
     again = role(served["work"], hub_vars(served["work"], vllm_server["image"]))
     assert again.returncode == 0, again.stdout[-3000:]
     assert "changed=0" in again.stdout, again.stdout[-3000:]
-    assert "downloading" not in again.stdout
+    assert "downloading" not in again.stdout + again.stderr
     assert hub.gets(GATED, "model.safetensors") == before
 
 
@@ -242,8 +243,8 @@ def test_a_long_download_shows_progress_lines(hub, vllm_server, tmp_path):
     finally:
         hub.rate = 0
     assert result.returncode == 0, result.stdout[-3000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith(f"{BIG}: ") and " of 24.0 MiB " in line]
-    assert len(lines) >= 3, result.stdout[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith(f"{BIG}: ") and " of 24.0 MiB " in line]
+    assert len(lines) >= 3, result.stderr[-3000:]
     units = {"B": 1, "KiB": 1024, "MiB": 1024**2}
     done = [float(number) * units[unit] for number, unit in (line.split(": ", 1)[1].split(" ")[:2] for line in lines)]
     assert done == sorted(done), lines
