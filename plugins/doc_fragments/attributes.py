@@ -16,3 +16,14 @@ attributes:
     support: none
     description: Changes nothing, so there is no diff.
 """
+
+    # Modules that run through their action plugin (the progress lines come from the controller).
+    ACTION_PLUGIN = r"""
+attributes:
+  action:
+    support: full
+    description: Runs on the controller as an action plugin, which calls modules on the host.
+  diff_mode:
+    support: none
+    description: Nothing it does has a diff to show.
+"""

@@ -21,6 +21,8 @@ description:
   - Runs through its action plugin, which drives M(community.docker.docker_container) and M(ansible.builtin.find).
 author:
   - gpubox maintainers (@gpubox)
+extends_documentation_fragment:
+  - gpubox.inference.attributes.action_plugin
 options:
   model:
     description: The Hub id, C(ORG/NAME).
@@ -59,15 +61,9 @@ options:
     type: float
     default: 30
 attributes:
-  action:
-    support: full
-    description: Runs on the controller as an action plugin, which calls modules on the host.
   check_mode:
     support: full
     description: Reports what would be downloaded and changes nothing.
-  diff_mode:
-    support: none
-    description: A download has no diff to show.
 """
 
 EXAMPLES = r"""

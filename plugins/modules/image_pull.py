@@ -18,6 +18,8 @@ description:
   - Runs through its action plugin.
 author:
   - gpubox maintainers (@gpubox)
+extends_documentation_fragment:
+  - gpubox.inference.attributes.action_plugin
 options:
   name:
     description: The image, C(NAME:TAG).
@@ -28,15 +30,9 @@ options:
     type: float
     default: 30
 attributes:
-  action:
-    support: full
-    description: Runs on the controller as an action plugin, which calls modules and C(docker pull) on the host.
   check_mode:
     support: full
     description: Says whether it would pull, and pulls nothing.
-  diff_mode:
-    support: none
-    description: A pull has no diff to show.
 """
 
 EXAMPLES = r"""

@@ -20,6 +20,8 @@ description:
     and C(docker logs) on the host.
 author:
   - gpubox maintainers (@gpubox)
+extends_documentation_fragment:
+  - gpubox.inference.attributes.action_plugin
 options:
   url:
     description: The URL that answers 200 once the server is up.
@@ -48,15 +50,9 @@ options:
     type: int
     default: 40
 attributes:
-  action:
-    support: full
-    description: Runs on the controller as an action plugin, which calls modules on the host.
   check_mode:
     support: full
     description: Skipped in check mode, where nothing was started.
-  diff_mode:
-    support: none
-    description: Waiting changes nothing.
 """
 
 EXAMPLES = r"""

@@ -58,6 +58,34 @@ LLAMA_8B = {
     "torch_dtype": "bfloat16",
 }
 
+
+def plan_settings(**overrides) -> dict:
+    """The vllm role's settings for _vllm.plan, as vars/main.yml assembles them, for Llama 3.1 8B on CUDA."""
+    base = {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "model_exists": False,
+        "container_model": "meta-llama/Llama-3.1-8B-Instruct",
+        "served_model_name": "llama",
+        "device": "cuda",
+        "tensor_parallel_size": 0,
+        "pipeline_parallel_size": 1,
+        "gpu_memory_utilization": 0.9,
+        "max_model_len": 8192,
+        "max_num_batched_tokens": 0,
+        "dtype": "auto",
+        "env": {},
+        "extra_args": [],
+        "disable_custom_all_reduce": "auto",
+        "min_concurrent_sequences": 4,
+    }
+    return {**base, **overrides}
+
+
+def plan_gpus(count: int, mib: int = 24576) -> dict:
+    """gpu_facts for ``count`` GPUs of ``mib`` MiB each."""
+    return {"present": True, "count": count, "devices": [{"memory_total_mib": mib} for _gpu in range(count)]}
+
+
 HEADER_KEYS = ("source", "machine", "expected")
 SEPARATOR = "# ---"
 

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import LLAMA_8B, ROOT, require
+from conftest import LLAMA_8B, ROOT, plan_gpus, plan_settings, require
 from vllm_server import image_name
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _vllm
@@ -32,28 +32,15 @@ def test_the_default_image_tag_is_the_vllm_the_tests_run():
     assert f"`vllm/vllm-openai:v{pinned_vllm()}`" in (ROOT / "README.md").read_text(), "the README names another version"
 
 
+SNAPSHOT = "/root/.cache/huggingface/hub/models--meta-llama--Llama-3.1-8B-Instruct/snapshots/" + "0" * 40
+
+
 def settings(**overrides) -> dict:
-    base = {
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "container_model": "/root/.cache/huggingface/hub/models--meta-llama--Llama-3.1-8B-Instruct/snapshots/" + "0" * 40,
-        "served_model_name": "llama",
-        "device": "cuda",
-        "tensor_parallel_size": 0,
-        "pipeline_parallel_size": 1,
-        "gpu_memory_utilization": 0.9,
-        "max_model_len": 8192,
-        "max_num_batched_tokens": 0,
-        "dtype": "auto",
-        "env": {},
-        "extra_args": [],
-        "disable_custom_all_reduce": "auto",
-        "min_concurrent_sequences": 1,
-    }
-    return {**base, **overrides}
+    return plan_settings(**{"container_model": SNAPSHOT, "min_concurrent_sequences": 1, **overrides})
 
 
 def gpus(count: int) -> dict:
-    return {"present": True, "count": count, "devices": [{"memory_total_mib": 81920}] * count}
+    return plan_gpus(count, 81920)
 
 
 def broken_p2p() -> dict:

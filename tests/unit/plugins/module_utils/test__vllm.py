@@ -3,37 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from conftest import LLAMA_8B
+from conftest import LLAMA_8B, plan_gpus, plan_settings
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _words
 from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide
 from ansible_collections.gpubox.inference.plugins.module_utils._preflight import for_group
 from ansible_collections.gpubox.inference.plugins.module_utils._vllm import cuda_finding, cuda_required, largest_fitting_tp, plan
 
-
-def settings(**overrides) -> dict:
-    base = {
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "model_exists": False,
-        "container_model": "meta-llama/Llama-3.1-8B-Instruct",
-        "served_model_name": "llama",
-        "device": "cuda",
-        "tensor_parallel_size": 0,
-        "pipeline_parallel_size": 1,
-        "gpu_memory_utilization": 0.9,
-        "max_model_len": 8192,
-        "max_num_batched_tokens": 0,
-        "dtype": "auto",
-        "env": {},
-        "extra_args": [],
-        "disable_custom_all_reduce": "auto",
-        "min_concurrent_sequences": 4,
-    }
-    return {**base, **overrides}
-
-
-def gpus(count: int, mib: int = 24576) -> dict:
-    return {"present": True, "count": count, "devices": [{"memory_total_mib": mib} for _gpu in range(count)]}
+settings = plan_settings
+gpus = plan_gpus
 
 
 def measured(count: int, bad: dict[str, str] | None = None, verified: bool = True) -> dict:
