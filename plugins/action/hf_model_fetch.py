@@ -99,12 +99,17 @@ class ActionModule(ActionBase):
         )
         started = time.monotonic()
         self._module("community.docker.docker_container", container, task_vars)
+        next_line = started + interval
         try:
             while True:
                 state = self._module("community.docker.docker_container_info", {"name": name}, task_vars)["container"]["State"]
                 if not state.get("Running"):
                     break
-                time.sleep(interval)
+                # The container is asked every 2 s at most; a line is due every interval, whatever the calls cost.
+                time.sleep(max(0.0, min(next_line - time.monotonic(), 2.0)))
+                if time.monotonic() < next_line:
+                    continue
+                next_line += interval
                 done = _hub.cache_state(files, self._blobs(storage, task_vars), set())["done_bytes"]
                 line = _hub.progress(total, done, before["done_bytes"], time.monotonic() - started)
                 display.display(say("hub.progress", model=model, **line), stderr=True)

@@ -62,17 +62,22 @@ class ActionModule(ActionBase):
         )
         if started_pull.get("failed"):
             raise AnsibleActionFail(f"could not start docker pull {image}: {started_pull.get('msg')}")
+        next_line = started + interval
         try:
             while True:
-                time.sleep(interval)
+                time.sleep(max(0.0, min(next_line - time.monotonic(), 2.0)))
                 # The exit code first: once it is there, the log read after it is whole.
                 code = self._run(["cat", f"{log}.rc"], task_vars)
+                finished = not code.get("failed") and code.get("stdout", "").strip()
+                if not finished and time.monotonic() < next_line:
+                    continue
+                next_line += interval
                 output = self._run(["cat", log], task_vars).get("stdout", "")
                 line = _docker_pull.progress(output)
                 display.display(
                     say("pull.progress", image=image, elapsed=human_seconds(time.monotonic() - started), **line), stderr=True
                 )
-                if not code.get("failed") and code.get("stdout", "").strip():
+                if finished:
                     rc = int(code["stdout"].strip())
                     break
         finally:

@@ -50,7 +50,8 @@ class ActionModule(ActionBase):
             result["skipped"] = True
             return result
         headers = {"Authorization": "Bearer " + args["api_key"]} if args.get("api_key") else {}
-        started = last_line = time.monotonic()
+        started = time.monotonic()
+        next_line = started + interval
         while True:
             answer = self._execute_module(
                 module_name="ansible.builtin.uri",
@@ -75,8 +76,8 @@ class ActionModule(ActionBase):
                 raise AnsibleActionFail(
                     say("start.timeout", url=url, timeout=int(timeout), log=self._logs(container, tail, task_vars))
                 )
-            if time.monotonic() - last_line >= interval:
+            if time.monotonic() >= next_line:
                 found = _vllm_log.phase(self._logs(container, 200, task_vars))
                 display.display(_vllm_log.words(found, project, human_seconds(elapsed)), stderr=True)
-                last_line = time.monotonic()
-            time.sleep(min(2.0, interval))
+                next_line += interval
+            time.sleep(max(0.0, min(next_line - time.monotonic(), 2.0)))

@@ -207,15 +207,20 @@ def human_seconds(seconds: float) -> str:
 
 
 def progress(total: int, done: int, started_at: int, elapsed: float) -> dict:
-    """Bytes done of total, the rate since the download began (``started_at`` were there before) and the time left."""
+    """Bytes done of total, the rate since the download began (``started_at`` were there before) and the time left.
+
+    The time left is ``unknown`` until 1% of the total has arrived: huggingface_hub writes in
+    10 MB chunks, so the first seconds show only the small files and would give hours.
+    """
     fetched = max(done - started_at, 0)
     rate = fetched / elapsed if elapsed > 0 else 0.0
     left = total - done
+    known = rate > 0 and fetched * 100 >= total
     return {
         "done": human_bytes(done),
         "total": human_bytes(total),
         "percent": 100.0 * done / total if total else 100.0,
         "rate": human_bytes(rate) + "/s",
-        "left": human_seconds(left / rate) if rate > 0 and left > 0 else ("0s" if left <= 0 else "unknown"),
+        "left": "0s" if left <= 0 else human_seconds(left / rate) if known else "unknown",
         "elapsed": human_seconds(elapsed),
     }

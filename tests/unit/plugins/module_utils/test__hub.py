@@ -210,6 +210,15 @@ def test_progress_gives_the_rate_since_the_download_began_and_the_time_left():
     }
     assert say("hub.progress", model="m/x", **line) == "m/x: 600.0 MiB of 1000.0 MiB (60%) at 10.0 MiB/s, 40s left, 50s so far"
     assert _hub.progress(100, 0, 0, 30)["left"] == "unknown", "no bytes yet: no estimate, not a division by zero"
+    # The config files only (the first weight chunk not written yet): no estimate of 3549 hours.
+    assert _hub.progress(60 * 1024**2, 28, 0, 6) == {
+        "done": "28 B",
+        "total": "60.0 MiB",
+        "percent": 28 / (60 * 1024**2) * 100,
+        "rate": "5 B/s",
+        "left": "unknown",
+        "elapsed": "6s",
+    }
     assert _hub.progress(100, 100, 0, 30)["left"] == "0s"
     assert _hub.human_seconds(3725) == "1h02m"
 
