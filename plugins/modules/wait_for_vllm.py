@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: vllm_wait
+module: wait_for_vllm
 short_description: Wait for a vLLM server to answer, saying what its log says it is doing
 version_added: 0.2.0
 description:
@@ -57,7 +57,7 @@ attributes:
 
 EXAMPLES = r"""
 - name: Wait until the server lists its model
-  gpubox.inference.vllm_wait:
+  gpubox.inference.wait_for_vllm:
     url: http://127.0.0.1:8000/v1/models
     api_key: "{{ vllm_api_key }}"
     container: gpubox-vllm-vllm-1

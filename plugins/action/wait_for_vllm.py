@@ -6,7 +6,7 @@ Each round asks /v1/models with ansible.builtin.uri on the box, reads the contai
 state with community.docker.docker_container_info and its last log lines with
 ``docker logs``, and prints the start-up phase (_vllm_log). A container that exits or
 restarts fails at once with its log, not after the whole timeout. The options are
-documented in the vllm_wait module.
+documented in the wait_for_vllm module.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class ActionModule(ActionBase):
         args = self._task.args
         url, container = args.get("url"), args.get("container")
         if not url or not container:
-            raise AnsibleActionFail("vllm_wait needs url and container")
+            raise AnsibleActionFail("wait_for_vllm needs url and container")
         project = args.get("project") or container
         timeout, interval = float(args.get("timeout", 900)), float(args.get("interval", 30))
         tail = int(args.get("log_lines", 40))
