@@ -547,18 +547,33 @@ def role_value(tmp_path, name: str, **variables) -> str:
     return match.group(1)
 
 
+def dropped(sockets: list[socket.socket]) -> int:
+    """How many of ``sockets`` the server has closed (EOF or reset), without waiting."""
+    count = 0
+    for sock in sockets:
+        sock.setblocking(False)
+        try:
+            count += sock.recv(1) == b""
+        except BlockingIOError:
+            pass
+        except OSError:
+            count += 1
+    return count
+
+
 @pytest.mark.parametrize("sized", [True, False], ids=["role-sized", "distribution-768"])
 def test_slow_headers_from_one_host_do_not_lock_the_others_out(tmp_path, sized):
     """900 connections that never finish their headers (more than the distribution's 768): others are still served.
 
-    The negative case runs the same site with Debian's worker_connections (768), where they are not: the test can fail.
+    The negative case runs the same site with Debian's worker_connections (768): it cannot hold them, and drops
+    some of them, so the test can fail. (Whether the one request after them then gets in there depends on when
+    Nginx frees slots, so only the sized case asserts it.)
     """
     connections = int(role_value(tmp_path, "_nginx_proxy_worker_connections", nginx_proxy_max_streams=400))
     assert connections == 400 * 2 + 256
     with ExitStack() as stack:
         upstream, _seen = stack.enter_context(recording_upstream())
-        # A header timeout longer than the test, so that no slow client is dropped while it runs, however long
-        # opening 900 sockets takes on a loaded machine (the distribution's case then frees no slot by itself).
+        # A header timeout longer than the test, so that no slow client is dropped for being slow while it runs.
         site = {
             "nginx_proxy_http_port": 18192,
             "nginx_proxy_upstreams": [f"127.0.0.1:{upstream}"],
@@ -571,9 +586,10 @@ def test_slow_headers_from_one_host_do_not_lock_the_others_out(tmp_path, sized):
                 sock = socket.create_connection(("127.0.0.1", 18192), timeout=5)
                 sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
                 slow.append(sock)
-            time.sleep(0.5)
+            time.sleep(1)
+            lost = dropped(slow)
             try:
-                connection = http.client.HTTPConnection("127.0.0.1", 18192, timeout=3)
+                connection = http.client.HTTPConnection("127.0.0.1", 18192, timeout=5)
                 connection.request("GET", "/v1/models", headers=authed())
                 served = connection.getresponse().status == 200
             except OSError:
@@ -581,7 +597,10 @@ def test_slow_headers_from_one_host_do_not_lock_the_others_out(tmp_path, sized):
         finally:
             for sock in slow:
                 sock.close()
-    assert served is sized
+    if sized:
+        assert (lost, served) == (0, True)
+    else:
+        assert lost >= 900 - 768, f"the distribution's 768 connections held {900 - lost} slow clients"
 
 
 def test_the_stated_capacity_streams_at_once(tmp_path):
