@@ -10,6 +10,13 @@ the command glued to it, tabs turned into spaces, re-indented blocks, cut
 legends, empty affinity fields, and the ANSI escapes that underline the header
 (driver 580 prints them even into a pipe). Input they cannot read raises
 ``TopologyParseError`` naming the line; they never guess a matrix.
+
+One damage nvidia-smi itself prints is read around rather than refused: on
+boxes with many NICs the last NIC cell of a GPU row can run into the CPU
+Affinity (``PHB`` + tab + ``0-115`` printed as ``PH0-115``). Every other cell
+of such a row is unambiguous, so the parser keeps them, leaves the damaged
+link and the CPU Affinity out, and lists both in ``unreadable`` (row, column
+and the text as printed). A damaged GPU-GPU cell is still refused.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ _DEVICE_NAME_RE = re.compile(r"^[A-Za-z][\w.:-]*$")
 _GPU_NAME_RE = re.compile(r"^GPU(\d+)$")
 _LINK_CODE_RE = re.compile(r"^(X|NV\d+|[A-Z][A-Z0-9]*)$")
 _NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+# A link code run into the CPU Affinity after it: the code's first letters, then a CPU list (``PH0-115``).
+_GLUED_CELL_RE = re.compile(r"^[A-Z]{1,4}\d[\d,-]*$")
 # Terminal control sequences (CSI: ESC [ parameters final-byte), e.g. ESC[4m ... ESC[0m around the header.
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
@@ -125,12 +134,16 @@ def _na(value: str | None) -> str | None:
     return None if value in (None, "", "N/A") else value
 
 
-def _read_matrix(text: str, allowed_cells) -> tuple[list[str], list[str], dict[str, dict], dict[str, dict], int]:
-    """Shared reader for both matrices: (devices, labels, links, attributes per row, last line index)."""
+def _read_matrix(text: str, allowed_cells, glued_ok: bool = False) -> tuple[list[str], list[str], dict, dict, int, list]:
+    """Shared reader for both matrices: (devices, labels, links, attributes per row, last line index, unreadable cells).
+
+    ``glued_ok``: a row's last cell may be a NIC link run into the CPU Affinity (see the module docstring).
+    """
     lines = text.splitlines()
     header_index, devices, labels = _find_header(lines)
     links: dict[str, dict[str, str]] = {}
     attributes: dict[str, dict[str, str | None]] = {}
+    unreadable: list[dict] = []
     index = header_index + 1
     while index < len(lines):
         line = lines[index]
@@ -143,18 +156,33 @@ def _read_matrix(text: str, allowed_cells) -> tuple[list[str], list[str], dict[s
         cells = tokens[1 : 1 + len(devices)]
         if len(cells) < len(devices):
             raise _fail(index + 1, line, f"row {name} has {len(cells)} cells, the header names {len(devices)} devices")
-        for column, cell in zip(devices, cells, strict=True):
+        glued = None
+        for position, (column, cell) in enumerate(zip(devices, cells, strict=True)):
             if column == name:
                 if cell != "X":
                     raise _fail(index + 1, line, f"row {name} has {cell!r} where its own column should say X")
             elif not allowed_cells(cell):
+                last = position == len(devices) - 1
+                if glued_ok and last and not _GPU_NAME_RE.match(column) and _GLUED_CELL_RE.match(cell) and labels[:1] == ["CPU Affinity"]:
+                    glued = column
+                    continue
                 raise _fail(index + 1, line, f"row {name}, column {column}: {cell!r} is not a link code")
-        links[name] = {column: cell for column, cell in zip(devices, cells, strict=True) if column != name}
+        links[name] = {
+            column: cell for column, cell in zip(devices, cells, strict=True) if column not in (name, glued)
+        }
         # Everything after the last link cell belongs to the attribute columns.
         position = 0
         for token in tokens[: 1 + len(devices)]:
             position = line.index(token, position) + len(token)
-        attributes[name] = _split_attributes(line[position:], labels)
+        if glued:
+            # The glued cell holds the CPU Affinity too: what follows starts at the NUMA Affinity.
+            attributes[name] = {"cpu_affinity": None, **_split_attributes(line[position:], labels[1:])}
+            unreadable += [
+                {"row": name, "column": glued, "text": cells[-1], "line": index + 1},
+                {"row": name, "column": "CPU Affinity", "text": cells[-1], "line": index + 1},
+            ]
+        else:
+            attributes[name] = _split_attributes(line[position:], labels)
         index += 1
     missing = [d for d in devices if _GPU_NAME_RE.match(d) and d not in links]
     if missing:
@@ -164,7 +192,7 @@ def _read_matrix(text: str, allowed_cells) -> tuple[list[str], list[str], dict[s
             lines[last],
             f"the matrix ends before the row for {missing[0]} (the header names {', '.join(devices)})",
         )
-    return devices, labels, links, attributes, index
+    return devices, labels, links, attributes, index, unreadable
 
 
 def _is_link_code(cell: str) -> bool:
@@ -178,14 +206,18 @@ def parse_topology(text: str) -> dict:
     printed, None where absent or N/A), ``nics`` (name and device, the device
     from the NIC Legend or the column name when the output names NICs directly),
     ``links`` (row -> column -> code exactly as printed, both directions, no
-    self entries) and ``legend_nics`` (NIC Legend as printed).
+    self entries), ``legend_nics`` (NIC Legend as printed) and ``unreadable``
+    (cells nvidia-smi printed run together: ``row``, ``column``, ``text``,
+    ``line``; those cells are absent from ``links`` and the affinity is null).
     """
     text = _ANSI_RE.sub("", text)
-    devices, _labels, links, attributes, end = _read_matrix(text, _is_link_code)
-    # A NIC column without its own row still has links from the GPU rows.
+    devices, _labels, links, attributes, end, unreadable = _read_matrix(text, _is_link_code, glued_ok=True)
+    damaged = {(cell["row"], cell["column"]) for cell in unreadable}
+    # A NIC column without its own row still has links from the GPU rows; a damaged cell stays unread.
     for row, columns in list(links.items()):
         for column, code in columns.items():
-            links.setdefault(column, {}).setdefault(row, code)
+            if (column, row) not in damaged:
+                links.setdefault(column, {}).setdefault(row, code)
     legend = {}
     for line in text.splitlines()[end:]:
         match = _NIC_LEGEND_RE.match(line)
@@ -210,7 +242,7 @@ def parse_topology(text: str) -> dict:
         else:
             device = legend.get(name) or (None if re.match(r"^NIC\d+$", name) else name)
             nics.append({"name": name, "device": device})
-    return {"gpus": gpus, "nics": nics, "links": links, "legend_nics": legend}
+    return {"gpus": gpus, "nics": nics, "links": links, "legend_nics": legend, "unreadable": unreadable}
 
 
 def parse_p2p(text: str) -> dict[str, dict[str, str]]:
@@ -219,8 +251,24 @@ def parse_p2p(text: str) -> dict[str, dict[str, str]]:
     def is_status(cell: str) -> bool:
         return cell in P2P_STATUS
 
-    _devices, _labels, links, _attributes, _end = _read_matrix(_ANSI_RE.sub("", text), is_status)
+    _devices, _labels, links, _attributes, _end, _unreadable = _read_matrix(_ANSI_RE.sub("", text), is_status)
     return links
+
+
+def topology_from_p2p(p2p: dict[str, dict[str, str]]) -> dict:
+    """The topology view of a P2P matrix read on its own: its GPUs, no NICs, no link codes."""
+    names = sorted(p2p, key=lambda name: int(_GPU_NAME_RE.match(name).group(1)))
+    gpus = [
+        {"name": name, "index": int(name[3:]), "cpu_affinity": None, "numa_affinity": None, "gpu_numa_id": None}
+        for name in names
+    ]
+    return {"gpus": gpus, "nics": [], "links": {}, "legend_nics": {}, "unreadable": []}
+
+
+def check_p2p_matches(topology: dict, p2p: dict[str, dict[str, str]]) -> str | None:
+    """The first GPU a P2P matrix names that the topology matrix does not (they come from different boxes), or None."""
+    known = {gpu["name"] for gpu in topology["gpus"]}
+    return next((name for name in sorted(p2p) if name not in known), None)
 
 
 def normalize_link(code: str) -> str:
@@ -260,7 +308,8 @@ def analyse(topology: dict, p2p: dict[str, dict[str, str]] | None = None) -> dic
     verdict: ``fit`` (NVLink or PCIe switches between every GPU pair, P2P not
     reported broken), ``slow`` (works, but traffic goes through the CPU's host
     bridge, across NUMA nodes, or through host memory because P2P is not
-    supported), ``single_gpu`` (nothing to split).
+    supported), ``single_gpu`` (nothing to split), ``unknown`` (only a P2P
+    matrix was read and it reports every pair OK: the links are not known).
     """
     p2p = p2p or {}
     normalized = {
@@ -268,7 +317,9 @@ def analyse(topology: dict, p2p: dict[str, dict[str, str]] | None = None) -> dic
     }
     pairs = _gpu_pairs(topology)
     nvlink_pairs = [
-        {"gpus": [a, b], "links": int(normalized[a][b][2:])} for a, b in pairs if link_class(normalized[a][b]) == "NVLINK"
+        {"gpus": [a, b], "links": int(normalized[a][b][2:])}
+        for a, b in pairs
+        if link_class(normalized.get(a, {}).get(b, "")) == "NVLINK"
     ]
     result = {"links_normalized": normalized, "nvlink_pairs": nvlink_pairs, "worst_gpu_link": None}
     if not pairs:
@@ -278,15 +329,25 @@ def analyse(topology: dict, p2p: dict[str, dict[str, str]] | None = None) -> dic
         )
         return result
 
-    def rank(pair: tuple[str, str]) -> int:
-        return LINK_RANK.get(link_class(normalized[pair[0]][pair[1]]), len(LINK_RANK))
-
-    worst = max(pairs, key=rank)
-    worst_code = normalized[worst[0]][worst[1]]
-    worst_class = link_class(worst_code)
-    result["worst_gpu_link"] = {"gpus": list(worst), "code": worst_code, "class": worst_class}
-
     broken = [(x, y, p2p[x][y]) for a, b in pairs for x, y in ((a, b), (b, a)) if p2p.get(x, {}).get(y, "OK") != "OK"]
+    if not all(b in normalized.get(a, {}) for a, b in pairs) and not broken:
+        # Only a P2P matrix was read: it says whether peer access works, not how the GPUs are joined.
+        result.update(
+            verdict="unknown",
+            reason="Only the peer-to-peer matrix was read: every GPU pair reports OK, but without the topology "
+            "matrix (nvidia-smi topo -m) the links between them are not known.",
+        )
+        return result
+
+    def rank(pair: tuple[str, str]) -> int:
+        return LINK_RANK.get(link_class(normalized.get(pair[0], {}).get(pair[1], "")), len(LINK_RANK))
+
+    if all(b in normalized.get(a, {}) for a, b in pairs):
+        worst = max(pairs, key=rank)
+        worst_code = normalized[worst[0]][worst[1]]
+        worst_class = link_class(worst_code)
+        result["worst_gpu_link"] = {"gpus": list(worst), "code": worst_code, "class": worst_class}
+
     if broken:
         a, b, status = broken[0]
         result.update(

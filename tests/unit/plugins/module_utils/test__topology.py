@@ -10,10 +10,14 @@ from conftest import capture_params
 from ansible_collections.gpubox.inference.plugins.module_utils._topology import (
     TopologyParseError,
     analyse,
+    check_p2p_matches,
     combine_p2p,
     parse_p2p,
     parse_topology,
+    topology_from_p2p,
 )
+
+GLUED = "8x_a100_sxm4_40gb_NV12_8nic_last_nic_cell_glued_to_cpu_affinity"
 
 PAIR_RE = re.compile(r"\b(GPU\d+)-(GPU\d+)=([A-Z]+\d*)\b")
 
@@ -53,9 +57,11 @@ def test_gpu_and_nic_counts_match_expected(cap):
 def test_links_cover_every_device_pair_and_never_self(cap):
     topo = parse_topology(cap.text)
     names = [g["name"] for g in topo["gpus"]] + [n["name"] for n in topo["nics"]]
+    damaged = {(cell["row"], cell["column"]) for cell in topo["unreadable"]}
     for row in names:
         assert row not in topo["links"][row]
-        assert set(topo["links"][row]) == set(names) - {row}
+        assert set(topo["links"][row]) == set(names) - {row} - {column for r, column in damaged if r == row}
+    assert bool(damaged) == (cap.path.stem == GLUED)
 
 
 ALL_PAIRS_RE = re.compile(r"all (\d+) GPU pairs = (\w+)")
@@ -155,6 +161,7 @@ VERDICTS = {
     "8x_p40_SOC_PIX_PXB_mlx5_cpu_affinity_only_old": ("fit", "PXB"),
     "8x_v100_hybrid_cube_mesh_vm_PHB_numa_range_0-1": ("slow", "PHB"),
     "8x_v100_sxm2_hybrid_cube_mesh_NV1_NV2_SYS_1nic_vastai": ("slow", "SYS"),
+    GLUED: ("fit", "NV12"),
 }
 
 
@@ -233,6 +240,93 @@ def test_mixed_tabs_and_spaces():
 def test_damaged_input_is_refused_with_the_line(text, message):
     with pytest.raises(TopologyParseError, match=re.escape(message)):
         parse_topology(text)
+
+
+def _glued():
+    (cap,) = [p.values[0] for p in capture_params("A_topo_m") if p.id == GLUED]
+    return cap
+
+
+def test_a_nic_cell_glued_to_the_affinity_is_marked_and_the_rest_is_read():
+    topo = parse_topology(_glued().text)
+    gpus = [f"GPU{i}" for i in range(8)]
+    assert {topo["links"][a][b] for a in gpus for b in gpus if a != b} == {"NV12"}
+    for gpu in gpus:
+        assert [topo["links"][gpu][f"NIC{n}"] for n in range(7)] == ["PHB"] * 7
+        assert "NIC7" not in topo["links"][gpu]
+        # The NIC7 row printed its own cells whole: they stay, and are not copied into the damaged GPU cell.
+        assert topo["links"]["NIC7"][gpu] == "PHB"
+    assert topo["unreadable"][:2] == [
+        {"row": "GPU0", "column": "NIC7", "text": "PH0-115", "line": 3},
+        {"row": "GPU0", "column": "CPU Affinity", "text": "PH0-115", "line": 3},
+    ]
+    assert len(topo["unreadable"]) == 16
+    # Never guessed: no CPU list is made up from the damaged cell; the fields after it are read in their own columns.
+    assert {(g["cpu_affinity"], g["numa_affinity"], g["gpu_numa_id"]) for g in topo["gpus"]} == {(None, "0-3", None)}
+    assert topo["nics"][7] == {"name": "NIC7", "device": "mlx5_7"}
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(lambda t: t.replace("\n", "\r\n"), id="windows-line-endings"),
+        pytest.param(lambda t: t.replace("\n", " \n"), id="trailing-spaces"),
+        pytest.param(lambda t: t.replace("\nGPU0", "\n\x1b[4mGPU0\x1b[0m", 1), id="ansi-escapes"),
+    ],
+)
+def test_the_glued_capture_reads_the_same_through_paste_damage(variant):
+    plain = parse_topology(_glued().text)
+    varied = parse_topology(variant(_glued().text))
+    assert varied["links"] == plain["links"]
+    assert [(c["row"], c["column"]) for c in varied["unreadable"]] == [(c["row"], c["column"]) for c in plain["unreadable"]]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # A damaged GPU-GPU cell decides tensor parallelism: refused.
+        ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV0-7\nGPU1\tNV4\t X \t0-7\n", "row GPU0, column GPU1: 'NV0-7'"),
+        # Not the last column, so not run into the affinity: refused.
+        ("\tGPU0\tNIC0\tNIC1\tCPU Affinity\nGPU0\t X \tPH0-7\tPHB\n", "row GPU0, column NIC0: 'PH0-7'"),
+        # No CPU Affinity column for it to have run into: refused.
+        ("\tGPU0\tNIC0\nGPU0\t X \tPH0-7\n", "row GPU0, column NIC0: 'PH0-7'"),
+    ],
+)
+def test_damage_that_could_hide_a_link_is_refused(text, message):
+    with pytest.raises(TopologyParseError, match=re.escape(message)):
+        parse_topology(text)
+
+
+@pytest.mark.parametrize("cap", capture_params("B_topo_p2p"))
+def test_a_p2p_matrix_alone_names_its_gpus_and_never_says_fit(cap):
+    p2p = parse_p2p(cap.text)
+    topo = topology_from_p2p(p2p)
+    assert [g["name"] for g in topo["gpus"]] == [f"GPU{i}" for i in range(len(p2p))]
+    result = analyse(topo, p2p)
+    statuses = {status for row in p2p.values() for status in row.values()}
+    if len(p2p) == 1:
+        assert result["verdict"] == "single_gpu"
+    elif statuses == {"OK"}:
+        assert result["verdict"] == "unknown"
+    else:
+        assert result["verdict"] == "slow"
+    assert result["worst_gpu_link"] is None
+
+
+def test_a_p2p_matrix_from_another_box_is_named():
+    (cap,) = [p.values[0] for p in capture_params("A_topo_m") if p.id.startswith("2gpu_aws_PIX")]
+    (p2p,) = [p.values[0] for p in capture_params("B_topo_p2p") if p.id.startswith("4x_rtx5060ti")]
+    assert check_p2p_matches(parse_topology(cap.text), parse_p2p(p2p.text)) == "GPU2"
+    (same,) = [p.values[0] for p in capture_params("B_topo_p2p") if p.id.startswith("2x_rtx5090_p2p_rw_GNS")]
+    assert check_p2p_matches(parse_topology(cap.text), parse_p2p(same.text)) is None
+
+
+def test_two_digit_gpu_names_in_a_p2p_matrix_sort_by_number():
+    names = [f"GPU{i}" for i in range(11)]
+    header = "\t" + "\t".join(names) + "\n"
+    rows = "".join(n + "\t" + "\t".join("X" if m == n else "OK" for m in names) + "\n" for n in names)
+    topo = topology_from_p2p(parse_p2p(header + rows))
+    assert [g["index"] for g in topo["gpus"]] == list(range(11))
 
 
 def test_p2p_parser_refuses_link_codes():

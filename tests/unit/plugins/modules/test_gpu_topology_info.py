@@ -101,10 +101,40 @@ def test_damaged_matrix_fails_naming_the_line(tmp_path):
     assert result["msg"].startswith(f"cannot read src={bad}: line 3: row GPU1 has 1 cells")
 
 
-def test_p2p_src_alone_is_refused(tmp_path):
+def test_p2p_src_alone_is_read_with_its_own_gpu_names(tmp_path):
     result = run_module({"p2p_src": str(body_file(tmp_path, P2P))})
+    topo = result["topology"]
+    assert [g["name"] for g in topo["gpus"]] == ["GPU0", "GPU1"]
+    assert topo["p2p"] == {"GPU0": {"GPU1": "GNS"}, "GPU1": {"GPU0": "GNS"}}
+    assert (topo["verdict"], topo["links"], topo["worst_gpu_link"]) == ("slow", {}, None)
+    assert topo["source"].endswith(P2P.name)
+
+
+def test_p2p_src_alone_all_ok_says_the_links_are_unknown(tmp_path):
+    ok = FIXTURES / "B_topo_p2p" / "4x_rtx_pro_6000_p2p_status_all_OK.txt"
+    topo = run_module({"p2p_src": str(body_file(tmp_path, ok))})["topology"]
+    assert topo["verdict"] == "unknown"
+    assert "nvidia-smi topo -m" in topo["reason"]
+
+
+def test_p2p_src_from_another_box_is_refused_naming_the_gpu(tmp_path):
+    four = FIXTURES / "B_topo_p2p" / "4x_rtx5060ti_patched_open_driver_p2p_rw_all_OK.txt"
+    result = run_module({"src": str(body_file(tmp_path, TOPO)), "p2p_src": str(body_file(tmp_path, four))})
     assert result["failed"] is True
-    assert "p2p_src is set but src is not" in result["msg"]
+    assert "names GPU2, which src=" in result["msg"]
+
+
+def test_a_glued_nic_cell_is_read_around_with_a_warning_per_row(tmp_path):
+    glued = FIXTURES / "A_topo_m" / "8x_a100_sxm4_40gb_NV12_8nic_last_nic_cell_glued_to_cpu_affinity.txt"
+    result = run_module({"src": str(body_file(tmp_path, glued))})
+    topo = result["topology"]
+    assert topo["verdict"] == "fit"
+    assert len(topo["unreadable"]) == 16
+    assert len(result["warnings"]) == 8
+    assert result["warnings"][0] == (
+        "nvidia-smi topo -m printed row GPU0, column NIC7 run into the CPU Affinity as 'PH0-115' (line 3): "
+        "both are left unread; every other cell was read"
+    )
 
 
 def test_missing_file_names_the_option(tmp_path):
