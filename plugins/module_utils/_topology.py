@@ -163,13 +163,12 @@ def _read_matrix(text: str, allowed_cells, glued_ok: bool = False) -> tuple[list
                     raise _fail(index + 1, line, f"row {name} has {cell!r} where its own column should say X")
             elif not allowed_cells(cell):
                 last = position == len(devices) - 1
-                if glued_ok and last and not _GPU_NAME_RE.match(column) and _GLUED_CELL_RE.match(cell) and labels[:1] == ["CPU Affinity"]:
+                nic_before_affinity = last and not _GPU_NAME_RE.match(column) and labels[:1] == ["CPU Affinity"]
+                if glued_ok and nic_before_affinity and _GLUED_CELL_RE.match(cell):
                     glued = column
                     continue
                 raise _fail(index + 1, line, f"row {name}, column {column}: {cell!r} is not a link code")
-        links[name] = {
-            column: cell for column, cell in zip(devices, cells, strict=True) if column not in (name, glued)
-        }
+        links[name] = {column: cell for column, cell in zip(devices, cells, strict=True) if column not in (name, glued)}
         # Everything after the last link cell belongs to the attribute columns.
         position = 0
         for token in tokens[: 1 + len(devices)]:
@@ -259,8 +258,7 @@ def topology_from_p2p(p2p: dict[str, dict[str, str]]) -> dict:
     """The topology view of a P2P matrix read on its own: its GPUs, no NICs, no link codes."""
     names = sorted(p2p, key=lambda name: int(_GPU_NAME_RE.match(name).group(1)))
     gpus = [
-        {"name": name, "index": int(name[3:]), "cpu_affinity": None, "numa_affinity": None, "gpu_numa_id": None}
-        for name in names
+        {"name": name, "index": int(name[3:]), "cpu_affinity": None, "numa_affinity": None, "gpu_numa_id": None} for name in names
     ]
     return {"gpus": gpus, "nics": [], "links": {}, "legend_nics": {}, "unreadable": []}
 
