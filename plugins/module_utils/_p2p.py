@@ -93,13 +93,22 @@ def host_links(measured: dict, links: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+# The matrices pair statuses are decided from, per source: what the facts' ``decided_from`` names.
+# p2pBandwidthLatencyTest: the writes (the sample's default; a --p2p_read run adds the reads beside them).
+DECIDED_FROM_P2PBLT = ("unidirectional_p2p_enabled", "unidirectional_p2p_disabled")
+
+
 def from_report(report: dict) -> dict:
-    """A parsed nvbandwidth or p2pBandwidthLatencyTest report -> the gpu_p2p facts."""
+    """A parsed nvbandwidth (text or JSON) or p2pBandwidthLatencyTest report -> the gpu_p2p facts.
+
+    ``decided_from`` names the matrices (or waived tests) the pair statuses come from.
+    """
     count = report["gpus"]
     pairs = {}
     matrices = report["matrices"]
     if report["source"] == "p2pBandwidthLatencyTest":
         access = report.get("can_access_peer", {})
+        decided_from = [name for name in DECIDED_FROM_P2PBLT if name in matrices]
         for i in range(count):
             for j in range(count):
                 if i == j:
@@ -107,9 +116,8 @@ def from_report(report: dict) -> dict:
                 result = {
                     "can_access_peer": access.get(str(i), {}).get(str(j), False) and access.get(str(j), {}).get(str(i), False)
                 }
-                for name in ("unidirectional_p2p_enabled", "unidirectional_p2p_disabled"):
-                    if name in matrices:
-                        result[name] = matrices[name][i][j]
+                for name in decided_from:
+                    result[name] = matrices[name][i][j]
                 pairs[f"{i}-{j}"] = {
                     "status": pair_status(result),
                     "can_access_peer": result["can_access_peer"],
@@ -118,6 +126,7 @@ def from_report(report: dict) -> dict:
     else:
         d2d = {name: rows for name, rows in matrices.items() if name.startswith("device_to_device") and len(rows) == count}
         waived = [t for t in report.get("waived", []) if t.startswith("device_to_device")]
+        decided_from = sorted(d2d) + sorted(waived)
         for i in range(count):
             for j in range(count):
                 if i == j or not (d2d or waived):
@@ -127,11 +136,16 @@ def from_report(report: dict) -> dict:
                 pairs[f"{i}-{j}"] = {"status": status, "can_access_peer": bool(values), "verified": None}
     facts = {
         "source": report["source"],
+        "format": report.get("format", "text"),
         "gpus": count,
         "devices": report.get("devices", []),
         "matrices": matrices,
         "pairs": pairs,
+        "decided_from": decided_from,
     }
+    if report["source"] == "nvbandwidth":
+        facts.update(tests=report.get("tests", {}), waived=report.get("waived", []), errors=report.get("errors", {}))
+        facts["sums"] = report.get("sums", {})
     facts["decisions"] = decide(pairs, count, verified=False)
     return facts
 

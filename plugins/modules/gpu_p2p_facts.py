@@ -19,7 +19,16 @@ description:
     V(slower_than_staged); one whose copy does not return within O(timeout) is V(hang), and the play goes on.
   - Talks to the CUDA driver API (C(libcuda.so.1)) through ctypes, so the host needs only the NVIDIA driver. Every
     measurement runs in a child process under a watchdog.
-  - Or imports a saved C(nvbandwidth) or cuda-samples C(p2pBandwidthLatencyTest) output (O(src)) instead of measuring.
+  - Or imports a saved report (O(src)) instead of measuring. Accepted, each with the command that produces it.
+    C(nvbandwidth) text output (C(nvbandwidth), C(nvbandwidth -t device_to_device_memcpy_read_ce) and so on, the old
+    and new matrix layouts; a matrix whose C(Running) line was cut takes its test name from its C(SUM) line).
+    C(nvbandwidth -j) JSON (tests V(Passed), V(Waived), V(Not Found), V(Error); C(N/A) cells). cuda-samples
+    C(p2pBandwidthLatencyTest) output, also with C(--p2p_read), whose read matrices are kept beside the write ones
+    (C(unidirectional_p2p_enabled_reads), C(latency_gpu_p2p_enabled_reads_us), C(latency_cpu_p2p_enabled_reads_us)).
+  - The pair statuses of an imported report are decided from the matrices named in C(decided_from). For
+    p2pBandwidthLatencyTest these are the write matrices (C(unidirectional_p2p_enabled) against
+    C(unidirectional_p2p_disabled)), which every run prints; the reads of a C(--p2p_read) run are reported, not
+    judged. For nvbandwidth they are its device-to-device tests, a waived one meaning no peer access.
   - Returns C(ansible_facts.gpu_p2p), with a C(decisions) section (per pair C(p2p_usable) and its worst C(status),
     and for all GPUs C(nccl_p2p_disable) with its C(cause) and the C(unusable) pairs, and C(nccl_p2p_level)) that later
     roles only read; the vLLM plan narrows them to the GPUs it deploys.
@@ -33,7 +42,9 @@ extends_documentation_fragment:
   - gpubox.inference.attributes.info_module
 options:
   src:
-    description: A saved C(nvbandwidth) or C(p2pBandwidthLatencyTest) output to import instead of measuring.
+    description:
+      - A saved C(nvbandwidth) (text or C(-j) JSON) or C(p2pBandwidthLatencyTest) output to import instead of
+        measuring; the formats are listed above.
     type: path
   p2p_tool:
     description:
@@ -89,6 +100,10 @@ EXAMPLES = r"""
 - name: Import a saved p2pBandwidthLatencyTest run
   gpubox.inference.gpu_p2p_facts:
     src: /tmp/p2pBandwidthLatencyTest.txt
+
+- name: Import the JSON a script kept from nvbandwidth -j
+  gpubox.inference.gpu_p2p_facts:
+    src: /tmp/nvbandwidth.json
 """
 
 RETURN = r"""
@@ -101,6 +116,9 @@ ansible_facts:
       description:
         - C(source) (V(measured), V(nvbandwidth), V(p2pBandwidthLatencyTest), or V(none) with a C(reason)),
           C(gpus) (count), C(devices), C(matrices) (test name -> rows of floats in GB/s or us, null for N/A),
+          for an imported report C(format) (V(text) or V(json)) and C(decided_from) (the matrices the pair statuses
+          come from), for nvbandwidth also C(tests) (name -> V(passed), V(waived), V(not_found) or V(error)),
+          C(waived), C(errors) (name -> message) and C(sums),
           C(pairs) (C("i-j") -> C(status), C(can_access_peer), C(verified), C(detail), C(pcie_limit_gbps),
           C(ratio_to_limit)), C(host_links) (GPU index -> C(bus_id), C(status) V(ok), V(broken) or V(hang),
           C(host_to_device_gbps), C(device_to_host_gbps), C(verified), C(detail), C(pcie_limit_gbps),

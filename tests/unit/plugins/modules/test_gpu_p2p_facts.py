@@ -82,12 +82,37 @@ def test_import_saved_report(tmp_path: Path):
     assert facts["decisions"]["nccl_p2p_disable"] is True
 
 
+@pytest.mark.parametrize(
+    ("capture", "fmt", "decided_from"),
+    [
+        (
+            "nvbandwidth_json_1gpu_v0.5_verbose_d2d_waived_dcgm",
+            "json",
+            ["device_to_device_bidirectional_memcpy_read_ce", "device_to_device_bidirectional_memcpy_write_ce"],
+        ),
+        ("nvbandwidth_6x_rtxa6000_d2d_read_ce_running_line_elided_name_from_sum", "text", ["device_to_device_memcpy_read_ce"]),
+        (
+            "8x_titan_rtx_p2pBandwidthLatencyTest_p2p_read_no_peer_access_gpu_micro",
+            "text",
+            ["unidirectional_p2p_enabled", "unidirectional_p2p_disabled"],
+        ),
+    ],
+)
+def test_every_saved_format_imports_and_says_what_decided(tmp_path: Path, capture, fmt, decided_from):
+    saved = tmp_path / "report.txt"
+    saved.write_text(parse_capture(FIXTURES / "D_p2p_bandwidth" / f"{capture}.txt").text)
+    facts = p2p(run_module("gpu_p2p_facts", {"src": str(saved)}))
+    assert facts["format"] == fmt
+    assert set(decided_from) <= set(facts["decided_from"])
+    assert facts["cached"] is False
+
+
 def test_unreadable_report_names_the_source(tmp_path: Path):
     saved = tmp_path / "junk.txt"
     saved.write_text("hello\n")
     result = run_module("gpu_p2p_facts", {"src": str(saved)})
     assert result["failed"] is True
-    assert result["msg"] == f"cannot read src={saved}: neither nvbandwidth nor p2pBandwidthLatencyTest output"
+    assert result["msg"] == f"cannot read src={saved}: neither nvbandwidth (text or -j JSON) nor p2pBandwidthLatencyTest output"
 
 
 def test_bad_option_value_is_refused():
