@@ -3,9 +3,9 @@
 """Private: the PCIe platform under the GPUs: CPU class and lanes, root ports, chipset, link training.
 
 Parsers take text and return data (``parse_cpuinfo``, ``parse_smi_q``,
-``parse_lspci_tree``); ``read_sysfs_pci`` reads a /sys tree under a root folder
-so tests point it at a hand-made tree; ``analyse_platform`` combines them. No
-Ansible imports.
+``parse_lspci_tree``, ``parse_lspci_links``); ``read_sysfs_pci`` reads a /sys
+tree under a root folder so tests point it at a hand-made tree;
+``analyse_platform`` combines them. No Ansible imports.
 """
 
 from __future__ import annotations
@@ -259,6 +259,91 @@ def tree_chain(devices: dict[str, dict], bdf: str) -> list[str]:
     return chain
 
 
+# ---------------------------------------------------------------- lspci -vvv (link state)
+
+# A device line: the bus id, then its PCI class and a colon ("01:00.0 VGA compatible controller: NVIDIA ...").
+# It may follow a label a script put before it ("Card: 01:00.0 VGA ..."), never another bus id.
+_LSPCI_DEVICE_RE = re.compile(
+    r"(?:^|^\S*:\s+)(?P<bdf>(?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+(?P<desc>[A-Z0-9][^:]*:\s*\S.*)$"
+)
+_LNK_RE = re.compile(r"^\s*(?P<kind>LnkCap|LnkSta):\s*(?P<rest>.*)$")
+_LNK_SPEED_RE = re.compile(r"\bSpeed\s+(?P<speed>[\d.]+GT/s|unknown)(?:\s*\((?P<speed_note>[^)]*)\))?")
+_LNK_WIDTH_RE = re.compile(r"\bWidth\s+x(?P<width>\d+)(?:\s*\((?P<width_note>[^)]*)\))?")
+_GPU_CLASSES_RE = re.compile(r"^(VGA compatible controller|3D controller|Display controller):\s*NVIDIA\b")
+
+
+class LspciParseError(ValueError):
+    """A link line this parser cannot attribute or read; the message names the line."""
+
+
+def parse_lspci_links(text: str) -> list[dict]:
+    """Each device's PCIe link from ``lspci -vvv`` (or ``-vvd 10de:``, ``-vv -s BDF``, or their LnkCap/LnkSta lines).
+
+    Returns one entry per device with a link, in input order: ``bus_id`` (normalised; null when the input has
+    no device line, as with ``lspci -vv | grep LnkSta`` for one device), ``description``, ``is_nvidia_gpu``
+    (an NVIDIA VGA, 3D or display controller, not its audio or USB function), ``pcie_gen_max`` and
+    ``pcie_width_max`` (LnkCap), ``pcie_gen_current`` and ``pcie_width_current`` (LnkSta), and
+    ``downgraded`` (what lspci itself marked: ``speed``, ``width``). Refused, naming the line: a LnkSta or
+    LnkCap met twice for one device, or link lines of a second device with no device line between them.
+    """
+    entries: list[dict] = []
+    current: dict | None = None
+    for lineno, raw in enumerate(_strip_ansi(text).splitlines(), start=1):
+        line = raw.rstrip()
+        header = _LSPCI_DEVICE_RE.match(line.strip())
+        if header and not line.startswith((" ", "\t")):
+            current = {
+                "bus_id": normalize_bdf(header.group("bdf")),
+                "description": header.group("desc").strip(),
+                "is_nvidia_gpu": bool(_GPU_CLASSES_RE.match(header.group("desc").strip())),
+                "pcie_gen_max": None,
+                "pcie_width_max": None,
+                "pcie_gen_current": None,
+                "pcie_width_current": None,
+                "downgraded": [],
+                "_lines": {},
+            }
+            entries.append(current)
+            continue
+        link = _LNK_RE.match(line)
+        if not link:
+            continue
+        kind = link.group("kind")
+        if current is None or kind in current["_lines"]:
+            if current is not None and current["bus_id"] is not None:
+                raise LspciParseError(
+                    f"line {lineno}: a second {kind} for {current['bus_id']} (the first is at line {current['_lines'][kind]})"
+                )
+            if current is not None:
+                raise LspciParseError(
+                    f"line {lineno}: a second {kind} with no device line before it, so it cannot be told which device it "
+                    "belongs to (save lspci -vvv whole, or one device with lspci -vv -s BUS_ID)"
+                )
+            current = {"bus_id": None, "description": None, "is_nvidia_gpu": None, "pcie_gen_max": None,
+                       "pcie_width_max": None, "pcie_gen_current": None, "pcie_width_current": None,
+                       "downgraded": [], "_lines": {}}  # fmt: skip
+            entries.append(current)
+        current["_lines"][kind] = lineno
+        speed, width = _LNK_SPEED_RE.search(link.group("rest")), _LNK_WIDTH_RE.search(link.group("rest"))
+        if not speed or not width:
+            raise LspciParseError(f"line {lineno}: {kind} without a Speed and a Width ({line.strip()!r})")
+        suffix = "max" if kind == "LnkCap" else "current"
+        current[f"pcie_gen_{suffix}"] = speed_to_gen(speed.group("speed"))
+        current[f"pcie_width_{suffix}"] = int(width.group("width"))
+        if kind == "LnkSta":
+            current["downgraded"] = [
+                what for what, note in (("speed", speed.group("speed_note")), ("width", width.group("width_note")))
+                if note == "downgraded"
+            ]  # fmt: skip
+    for entry in entries:
+        entry.pop("_lines")
+    return [entry for entry in entries if entry["pcie_gen_max"] or entry["pcie_gen_current"] or entry["pcie_width_current"]]
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-?]*[ -/]*[@-~]", "", text)
+
+
 # ---------------------------------------------------------------- sysfs
 
 
@@ -315,7 +400,12 @@ def is_chipset_bridge(bdf: str, info: dict | None, description: str | None = Non
 
 
 def judge_link(gpu: dict) -> tuple[bool | None, str]:
-    """Whether a GPU's link trained below what both ends support, and why (or why not)."""
+    """Whether a GPU's link trained below what both ends support, and why (or why not).
+
+    A generation below the best is power saving when the GPU idles (P8 drops to 2.5 GT/s) and a fault under
+    load. The load comes from nvidia-smi's performance state or, for a saved lspci, from what the caller says
+    of it (``load_state`` V(load) or V(idle)); a saved lspci without it cannot tell the two apart.
+    """
     width, width_best = gpu.get("pcie_width_current"), _min(gpu.get("pcie_width_max"), gpu.get("pcie_width_host_max"))
     gen, gen_best = gpu.get("pcie_gen_current"), _min(gpu.get("pcie_gen_max"), gpu.get("pcie_gen_host_max"))
     if width and width_best and width < width_best:
@@ -324,7 +414,14 @@ def judge_link(gpu: dict) -> tuple[bool | None, str]:
         state = gpu.get("performance_state")
         if state in ("P0", "P1", "P2"):
             return True, f"the link runs at Gen{gen} under load ({state}) where both ends support Gen{gen_best}"
-        idle = f"idle ({state})" if state else "possibly idle"
+        if state is None and gpu.get("load_state") == "load":
+            return True, f"the link runs at Gen{gen} under load (as saved) where both ends support Gen{gen_best}"
+        if state is None and gpu.get("load_state") is None and gpu.get("link_source") == "lspci":
+            return None, (
+                f"Gen{gen} of Gen{gen_best} in a saved lspci: an idle GPU drops to Gen1 to save power, so without the "
+                "load state (lspci_under_load) this cannot tell power saving from a downtrained link"
+            )
+        idle = f"idle ({state})" if state else "idle (as saved)" if gpu.get("load_state") == "idle" else "possibly idle"
         return False, f"Gen{gen} of Gen{gen_best} while {idle} is power saving; check it under load"
     if width is None and gen is None:
         return None, "link speed and width are not known"
@@ -361,22 +458,39 @@ def analyse_platform(
     sysfs: dict[str, dict] | None = None,
     smi_q: list[dict] | None = None,
     tree: dict[str, dict] | None = None,
+    lspci: list[dict] | None = None,
+    lspci_under_load: bool | None = None,
 ) -> dict:
-    """The platform report: ``cpu`` and one entry per NVIDIA GPU (display or 3D controller)."""
+    """The platform report: ``cpu`` and one entry per NVIDIA GPU (display or 3D controller).
+
+    Link state comes from nvidia-smi -q first, then /sys, then a saved lspci (``lspci``, from
+    ``parse_lspci_links``); ``link_source`` says which. ``lspci_under_load`` is what the caller knows of
+    the load when that lspci was saved (True, False, or None for not known).
+    """
     sysfs = sysfs or {}
     tree = tree or {}
     smi_by_bus = {g["bus_id"]: g for g in smi_q or [] if g.get("bus_id")}
+    links_by_bus = {e["bus_id"]: e for e in lspci or [] if e.get("bus_id")}
     bus_ids = nvidia_gpus(sysfs)
     if not bus_ids:  # analysing saved outputs of another machine
         bus_ids = [g["bus_id"] for g in smi_q or [] if g.get("bus_id")]
         bus_ids += [b for b in _tree_gpus(tree) if b not in bus_ids]
+        bus_ids += [e["bus_id"] for e in lspci or [] if e.get("is_nvidia_gpu") and e["bus_id"] not in bus_ids]
     unlabelled = [g for g in smi_q or [] if not g.get("bus_id")]
+    unlabelled_links = [e for e in lspci or [] if not e.get("bus_id")]
     gpus = []
     for bdf in bus_ids:
         info = sysfs.get(bdf, {})
         chain = info.get("parents") or tree_chain(tree, bdf)
         smi = smi_by_bus.get(bdf) or (unlabelled[0] if len(unlabelled) == 1 and len(bus_ids) == 1 else {})
+        link = links_by_bus.get(bdf) or (unlabelled_links[0] if len(unlabelled_links) == 1 and len(bus_ids) == 1 else {})
         upstream = sysfs.get(chain[0], {}) if chain else {}
+        upstream_link = links_by_bus.get(chain[0], {}) if chain else {}
+        sources = [
+            ("nvidia-smi", smi.get("pcie_gen_current")),
+            ("sysfs", speed_to_gen(info.get("current_link_speed"))),
+            ("lspci", link.get("pcie_gen_current")),
+        ]
         gpu = {
             "bus_id": bdf,
             "root_port": chain[-1] if chain else None,
@@ -384,15 +498,27 @@ def analyse_platform(
             "behind_chipset": any(is_chipset_bridge(b, sysfs.get(b), (tree.get(b) or {}).get("description")) for b in chain)
             if chain
             else None,
-            "pcie_gen_current": smi.get("pcie_gen_current") or speed_to_gen(info.get("current_link_speed")),
-            "pcie_gen_max": smi.get("pcie_gen_device_max") or smi.get("pcie_gen_max") or speed_to_gen(info.get("max_link_speed")),
-            "pcie_gen_host_max": smi.get("pcie_gen_host_max") or speed_to_gen(upstream.get("max_link_speed")),
-            "pcie_width_current": smi.get("pcie_width_current") or _int_or_none(info.get("current_link_width")),
-            "pcie_width_max": smi.get("pcie_width_max") or _int_or_none(info.get("max_link_width")),
-            "pcie_width_host_max": _int_or_none(upstream.get("max_link_width")),
+            "pcie_gen_current": next((gen for _source, gen in sources if gen), None),
+            "pcie_gen_max": smi.get("pcie_gen_device_max")
+            or smi.get("pcie_gen_max")
+            or speed_to_gen(info.get("max_link_speed"))
+            or link.get("pcie_gen_max"),
+            "pcie_gen_host_max": smi.get("pcie_gen_host_max")
+            or speed_to_gen(upstream.get("max_link_speed"))
+            or upstream_link.get("pcie_gen_max"),
+            "pcie_width_current": smi.get("pcie_width_current")
+            or _int_or_none(info.get("current_link_width"))
+            or link.get("pcie_width_current"),
+            "pcie_width_max": smi.get("pcie_width_max") or _int_or_none(info.get("max_link_width")) or link.get("pcie_width_max"),
+            "pcie_width_host_max": _int_or_none(upstream.get("max_link_width")) or upstream_link.get("pcie_width_max"),
             "pcie_replays": smi.get("pcie_replays"),
             "performance_state": smi.get("performance_state"),
+            "link_source": next((source for source, gen in sources if gen), None),
+            "lspci_downgraded": link.get("downgraded") if link else None,
         }
+        if gpu["link_source"] == "lspci" and lspci_under_load is not None:
+            gpu["load_state"] = "load" if lspci_under_load else "idle"
         gpu["downtrained"], gpu["link_note"] = judge_link(gpu)
+        gpu.pop("load_state", None)
         gpus.append(gpu)
     return {"cpu": parse_cpuinfo(cpuinfo or ""), "gpus": gpus}

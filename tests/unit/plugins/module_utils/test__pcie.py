@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import captures
 from hardware import RYZEN_CHIPSET, bridge, cpuinfo, gpu, make_sysfs
 
 from ansible_collections.gpubox.inference.plugins.module_utils._pcie import (
+    LspciParseError,
     analyse_platform,
     classify_cpu,
     judge_link,
     normalize_bdf,
     parse_cpuinfo,
+    parse_lspci_links,
     parse_lspci_tree,
     parse_smi_q,
     read_sysfs_pci,
@@ -246,3 +250,131 @@ def test_normalize_bdf(text, bdf):
 @pytest.mark.parametrize(("speed", "gen"), [("2.5 GT/s PCIe", 1), ("16.0 GT/s PCIe", 4), ("32GT/s", 5), ("Unknown", None)])
 def test_speed_to_gen(speed, gen):
     assert speed_to_gen(speed) == gen
+
+
+# ---------------------------------------------------------------- lspci -vvv link state (real captures)
+
+FAH = "2x_rtx2060_lspci_vv_grep_gt_card_prefix_width_x8_downgraded_fah"
+A6000 = "4x_rtxa6000_lspci_vvd_10de_first_gpu_and_audio_gen1_idle_excerpt"
+ADA = "rtx6000ada_endpoint_lspci_vvv_c1_00_0_lnksta_downgraded"
+
+
+def _link(entry: dict) -> tuple:
+    keys = ("bus_id", "is_nvidia_gpu", "pcie_gen_max", "pcie_width_max", "pcie_gen_current", "pcie_width_current")
+    return (*(entry[k] for k in keys), entry["downgraded"])
+
+
+def test_lspci_links_of_two_gpus_narrowed_to_x8_behind_a_script_label():
+    links = parse_lspci_links(LSPCI[FAH].text)
+    assert [_link(e) for e in links] == [
+        ("0000:01:00.0", True, 3, 16, 3, 8, ["width"]),
+        ("0000:02:00.0", True, 3, 16, 3, 8, ["width"]),
+    ]
+    gpus = analyse_platform(lspci=links)["gpus"]
+    assert [(g["bus_id"], g["downtrained"], g["link_source"]) for g in gpus] == [
+        ("0000:01:00.0", True, "lspci"),
+        ("0000:02:00.0", True, "lspci"),
+    ]
+    assert gpus[0]["link_note"] == "the link runs at x8 where both ends support x16"
+
+
+def test_lspci_vvd_keeps_the_audio_function_out_of_the_gpus():
+    links = parse_lspci_links(LSPCI[A6000].text)
+    assert [_link(e) for e in links] == [
+        ("0000:01:00.0", True, 4, 16, 1, 16, ["speed"]),
+        ("0000:01:00.1", False, 4, 16, 1, 16, ["speed"]),
+    ]
+    assert links[1]["description"].startswith("Audio device: NVIDIA Corporation GA102")
+    assert [g["bus_id"] for g in analyse_platform(lspci=links)["gpus"]] == ["0000:01:00.0"]
+
+
+@pytest.mark.parametrize(("under_load", "downtrained"), [(None, None), (False, False), (True, True)])
+def test_gen1_in_a_saved_lspci_needs_the_load_state(under_load, downtrained):
+    (gpu,) = analyse_platform(lspci=parse_lspci_links(LSPCI[A6000].text), lspci_under_load=under_load)["gpus"]
+    assert gpu["downtrained"] is downtrained
+    assert (gpu["pcie_gen_current"], gpu["pcie_gen_max"]) == (1, 4)
+    if under_load is None:
+        assert "cannot tell power saving from a downtrained link" in gpu["link_note"]
+
+
+def test_the_sudo_prompt_before_one_device_is_skipped():
+    (link,) = parse_lspci_links(LSPCI[ADA].text)
+    assert _link(link) == ("0000:c1:00.0", True, 4, 16, 1, 16, ["speed"])
+
+
+def test_nvidia_smi_performance_state_wins_over_the_saved_load_state():
+    smi = [{"bus_id": "0000:01:00.0", "pcie_gen_current": 1, "pcie_gen_max": 4, "performance_state": "P8"}]
+    (gpu,) = analyse_platform(smi_q=smi, lspci=parse_lspci_links(LSPCI[A6000].text), lspci_under_load=True)["gpus"]
+    assert (gpu["link_source"], gpu["downtrained"]) == ("nvidia-smi", False)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(lambda t: t.replace("\n", "\r\n"), id="windows-line-endings"),
+        pytest.param(lambda t: t.replace("\n", "  \n"), id="trailing-spaces"),
+        pytest.param(lambda t: t.replace("LnkSta:", "\x1b[31mLnkSta:\x1b[0m"), id="ansi"),
+        pytest.param(lambda t: t.replace("\n\n", "\n\n\n\n"), id="blank-lines"),
+        pytest.param(lambda t: t.replace("        ", "\t"), id="tabs-for-spaces"),
+    ],
+)
+def test_lspci_links_read_the_same_through_paste_damage(variant):
+    assert [_link(e) for e in parse_lspci_links(variant(LSPCI[A6000].text))] == [
+        _link(e) for e in parse_lspci_links(LSPCI[A6000].text)
+    ]
+
+
+def test_lnkcap_and_lnksta_of_one_device_without_its_device_line():
+    text = (
+        "    LnkCap: Port #0, Speed 16GT/s, Width x16, ASPM L1, Exit Latency L1 <16us\n"
+        "    LnkSta: Speed 2.5GT/s (downgraded), Width x16 (ok)\n"
+    )
+    (link,) = parse_lspci_links(text)
+    assert _link(link) == (None, None, 4, 16, 1, 16, ["speed"])
+    two = [{"bus_id": "0000:01:00.0"}, {"bus_id": "0000:02:00.0"}]
+    assert all(g["link_source"] is None for g in analyse_platform(smi_q=two, lspci=[link])["gpus"])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "LnkCap: Speed 8GT/s, Width x16\nLnkSta: Speed 8GT/s, Width x8\nLnkCap: Speed 16GT/s, Width x16\n",
+            "line 3: a second LnkCap with no device line before it",
+        ),
+        (
+            "01:00.0 VGA compatible controller: NVIDIA Corporation X\n"
+            "\tLnkSta: Speed 8GT/s, Width x8\n\tLnkSta: Speed 8GT/s, Width x16\n",
+            "line 3: a second LnkSta for 0000:01:00.0 (the first is at line 2)",
+        ),
+        ("01:00.0 3D controller: NVIDIA Corporation X\n\tLnkSta: Speed 8GT/s\n", "line 2: LnkSta without a Speed and a Width"),
+    ],
+)
+def test_link_lines_that_could_be_misattributed_are_refused(text, message):
+    with pytest.raises(LspciParseError, match=re.escape(message)):
+        parse_lspci_links(text)
+
+
+def test_two_digit_and_domain_bus_ids_and_lnkcap2_is_not_lnkcap():
+    text = (
+        "0001:c1:00.0 3D controller: NVIDIA Corporation GH100 [H100 PCIe] (rev a1)\n"
+        "\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x16\n\t\tLnkSta:\tSpeed 32GT/s (ok), Width x16 (ok)\n"
+        "\t\tLnkCap2: Supported Link Speeds: 2.5-32GT/s\n\t\tLnkSta2: Current De-emphasis Level: -6dB\n"
+    )
+    (link,) = parse_lspci_links(text)
+    assert _link(link) == ("0001:c1:00.0", True, 5, 16, 5, 16, [])
+
+
+@pytest.mark.parametrize("cap", [pytest.param(c, id=c.path.stem) for c in captures("C_lspci")])
+def test_every_lspci_capture_gives_its_links_to_named_devices(cap):
+    if "CORRUPTED BY THE POSTER'S REDACTION" in cap.expected:
+        # Its device lines are comments with redacted bus ids: two devices' links, no device to give them to.
+        with pytest.raises(LspciParseError, match=r"line 6: a second LnkCap with no device line before it"):
+            parse_lspci_links(cap.text)
+        return
+    links = parse_lspci_links(cap.text)
+    for entry in links:
+        assert entry["bus_id"] is not None, "every capture here prints its device lines"
+        assert entry["pcie_width_current"] is not None or entry["pcie_width_max"] is not None
+    gpus = [e["bus_id"] for e in links if e["is_nvidia_gpu"]]
+    assert all(bus.endswith(".0") for bus in gpus)
