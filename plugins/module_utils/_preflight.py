@@ -186,6 +186,18 @@ def _problems(pairs, group, bus_of, by_bus, policy) -> list[dict]:
                     "fatal": bool(policy.get("fail_on_downtrained")),
                 }
             )
+        elif gpu.get("downtrained") is None and gpu.get("link_source") == "lspci":
+            # A saved lspci without its load state: a Gen1 link may be power saving or a fault; never fatal.
+            problems.append(
+                {
+                    "code": "problem.link_load_unknown",
+                    "gpus": [name],
+                    "gpu": name,
+                    "bus_id": gpu["bus_id"],
+                    "note": gpu.get("link_note"),
+                    "fatal": False,
+                }
+            )
     for pair in pairs:
         if pair["verdict"] == "hang" and set(pair["gpus"]) <= set(group):
             problems.append(

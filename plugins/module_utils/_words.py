@@ -27,6 +27,7 @@ TEMPLATES = {
     # The preflight's policy findings (failures or warnings, as the policy says).
     "problem.chipset_gpu": "{gpu} ({bus_id}) hangs off the chipset, not a CPU root port, in a tensor-parallel group",
     "problem.downtrained": "{gpu} ({bus_id}): {note}",
+    "problem.link_load_unknown": "{gpu} ({bus_id}): {note}",
     "problem.hang_pair": "{pair}: will hang or corrupt ({causes})",
     # The preflight's decision for the group.
     "decision.acs_redirect": "NCCL_P2P_DISABLE=1 because ACS redirects P2P on {bridge}",

@@ -206,3 +206,26 @@ def test_iommu_pt_remediation_edits_grub_once_and_leaves_the_reboot_to_the_user(
     assert second.returncode == 0
     assert "changed=0" in second.stdout
     assert grub.read_text().count("iommu=pt") == 1
+
+
+FAH_X8 = FIXTURES / "C_lspci" / "2x_rtx2060_lspci_vv_grep_gt_card_prefix_width_x8_downgraded_fah.txt"
+A6000_GEN1 = FIXTURES / "C_lspci" / "4x_rtxa6000_lspci_vvd_10de_first_gpu_and_audio_gen1_idle_excerpt.txt"
+ONE_GPU = FIXTURES / "A_topo_m" / "1x_h200_driver580_ansi_underlined_header.txt"
+
+
+def test_a_saved_lspci_gives_the_links_and_a_narrow_one_fails_by_policy(tmp_path):
+    settings = captured(tmp_path, PHB_5090, FAH_X8)
+    rc, out, _reports = run_preflight(tmp_path, **settings)
+    assert rc == 0, out
+    assert "GPU0 (0000:01:00.0): the link runs at x8 where both ends support x16" in out
+    rc, out, _reports = run_preflight(tmp_path, **settings, preflight_fail_on_downtrained=True)
+    assert rc == 2
+    assert "GPU1 (0000:02:00.0): the link runs at x8 where both ends support x16" in out
+
+
+@pytest.mark.parametrize(("under_load", "said"), [(None, "cannot tell power saving"), (True, "under load (as saved)")])
+def test_a_gen1_link_in_a_saved_lspci_is_a_warning_only_when_the_load_is_known(tmp_path, under_load, said):
+    extra = {} if under_load is None else {"preflight_lspci_under_load": under_load}
+    rc, out, _reports = run_preflight(tmp_path, **captured(tmp_path, ONE_GPU, A6000_GEN1), **extra)
+    assert rc == 0, out
+    assert said in out
