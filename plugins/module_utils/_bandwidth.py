@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import re
 
+from ansible_collections.gpubox.inference.plugins.module_utils._text import strip_ansi
+
 # Usable PCIe bandwidth per direction in GB/s for x1, by generation (after line encoding):
 # Gen1/2 use 8b/10b, Gen3+ 128b/130b; Gen6 uses FLIT mode, taken at the raw rate.
 PCIE_GBPS_PER_LANE = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
@@ -45,7 +47,6 @@ _P2PBLT_TITLES = [
 # Any other peer-enabled title would be a variant this parser does not know: refused, not filed under a near name.
 _P2PBLT_UNKNOWN_RE = re.compile(r"^(?:Unidirectional |Bidirectional )?P2P=\w+ (?:Bandwidth|Latency)")
 _NUMBER_RE = re.compile(r"^-?\d+(?:\.\d+)?$")
-_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 NVBANDWIDTH_STATUSES = {"passed": "passed", "waived": "waived", "not found": "not_found", "error": "error", "running": "error"}
 
 
@@ -88,7 +89,7 @@ def parse_p2p_bandwidth_latency_test(text: str) -> dict:
 
     A matrix title met twice (two runs pasted into one file) is refused with both line numbers.
     """
-    lines = _ANSI_RE.sub("", text).splitlines()
+    lines = strip_ansi(text).splitlines()
     devices = []
     can_access: dict[str, dict[str, bool]] = {}
     matrices: dict[str, list] = {}
@@ -153,7 +154,7 @@ def parse_nvbandwidth(text: str) -> dict:
     line, from the ``SUM <test> <value>`` line after it; a matrix named by neither is refused, and so is one
     whose two names disagree.
     """
-    lines = _ANSI_RE.sub("", text).splitlines()
+    lines = strip_ansi(text).splitlines()
     devices = []
     versions = {}
     matrices: dict[str, list] = {}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.gpubox.inference.plugins.module_utils._text import strip_ansi
+
 NVIDIA_VENDOR = "0x10de"
 # PCIe transfer rate (GT/s) -> generation.
 SPEED_TO_GEN = {"2.5": 1, "5": 2, "8": 3, "16": 4, "32": 5, "64": 6}
@@ -276,6 +278,21 @@ class LspciParseError(ValueError):
     """A link line this parser cannot attribute or read; the message names the line."""
 
 
+def _link_entry(bus_id: str | None, description: str | None) -> dict:
+    """One device's link as parse_lspci_links returns it, before its Lnk lines are read (``_lines``: kind -> line)."""
+    return {
+        "bus_id": bus_id,
+        "description": description,
+        "is_nvidia_gpu": bool(_GPU_CLASSES_RE.match(description)) if description is not None else None,
+        "pcie_gen_max": None,
+        "pcie_width_max": None,
+        "pcie_gen_current": None,
+        "pcie_width_current": None,
+        "downgraded": [],
+        "_lines": {},
+    }
+
+
 def parse_lspci_links(text: str) -> list[dict]:
     """Each device's PCIe link from ``lspci -vvv`` (or ``-vvd 10de:``, ``-vv -s BDF``, or their LnkCap/LnkSta lines).
 
@@ -288,21 +305,11 @@ def parse_lspci_links(text: str) -> list[dict]:
     """
     entries: list[dict] = []
     current: dict | None = None
-    for lineno, raw in enumerate(_strip_ansi(text).splitlines(), start=1):
+    for lineno, raw in enumerate(strip_ansi(text).splitlines(), start=1):
         line = raw.rstrip()
         header = _LSPCI_DEVICE_RE.match(line.strip())
         if header and not line.startswith((" ", "\t")):
-            current = {
-                "bus_id": normalize_bdf(header.group("bdf")),
-                "description": header.group("desc").strip(),
-                "is_nvidia_gpu": bool(_GPU_CLASSES_RE.match(header.group("desc").strip())),
-                "pcie_gen_max": None,
-                "pcie_width_max": None,
-                "pcie_gen_current": None,
-                "pcie_width_current": None,
-                "downgraded": [],
-                "_lines": {},
-            }
+            current = _link_entry(normalize_bdf(header.group("bdf")), header.group("desc").strip())
             entries.append(current)
             continue
         link = _LNK_RE.match(line)
@@ -319,9 +326,7 @@ def parse_lspci_links(text: str) -> list[dict]:
                     f"line {lineno}: a second {kind} with no device line before it, so it cannot be told which device it "
                     "belongs to (save lspci -vvv whole, or one device with lspci -vv -s BUS_ID)"
                 )
-            current = {"bus_id": None, "description": None, "is_nvidia_gpu": None, "pcie_gen_max": None,
-                       "pcie_width_max": None, "pcie_gen_current": None, "pcie_width_current": None,
-                       "downgraded": [], "_lines": {}}  # fmt: skip
+            current = _link_entry(None, None)
             entries.append(current)
         current["_lines"][kind] = lineno
         speed, width = _LNK_SPEED_RE.search(link.group("rest")), _LNK_WIDTH_RE.search(link.group("rest"))
@@ -338,10 +343,6 @@ def parse_lspci_links(text: str) -> list[dict]:
     for entry in entries:
         entry.pop("_lines")
     return [entry for entry in entries if entry["pcie_gen_max"] or entry["pcie_gen_current"] or entry["pcie_width_current"]]
-
-
-def _strip_ansi(text: str) -> str:
-    return re.sub(r"\x1b\[[0-?]*[ -/]*[@-~]", "", text)
 
 
 # ---------------------------------------------------------------- sysfs

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpubox.inference.plugins.module_utils._text import strip_ansi
+
 ATTRIBUTE_COLUMNS = (
     ("CPU Affinity", "cpu_affinity"),
     ("NUMA Affinity", "numa_affinity"),
@@ -36,8 +38,6 @@ _LINK_CODE_RE = re.compile(r"^(X|NV\d+|[A-Z][A-Z0-9]*)$")
 _NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 # A link code run into the CPU Affinity after it: the code's first letters, then a CPU list (``PH0-115``).
 _GLUED_CELL_RE = re.compile(r"^[A-Z]{1,4}\d[\d,-]*$")
-# Terminal control sequences (CSI: ESC [ parameters final-byte), e.g. ESC[4m ... ESC[0m around the header.
-_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 # Best to worst, for the links nvidia-smi prints between two devices.
 # SOC is what drivers before ~384 printed for today's SYS.
@@ -209,7 +209,7 @@ def parse_topology(text: str) -> dict:
     (cells nvidia-smi printed run together: ``row``, ``column``, ``text``,
     ``line``; those cells are absent from ``links`` and the affinity is null).
     """
-    text = _ANSI_RE.sub("", text)
+    text = strip_ansi(text)
     devices, _labels, links, attributes, end, unreadable = _read_matrix(text, _is_link_code, glued_ok=True)
     damaged = {(cell["row"], cell["column"]) for cell in unreadable}
     # A NIC column without its own row still has links from the GPU rows; a damaged cell stays unread.
@@ -250,7 +250,7 @@ def parse_p2p(text: str) -> dict[str, dict[str, str]]:
     def is_status(cell: str) -> bool:
         return cell in P2P_STATUS
 
-    _devices, _labels, links, _attributes, _end, _unreadable = _read_matrix(_ANSI_RE.sub("", text), is_status)
+    _devices, _labels, links, _attributes, _end, _unreadable = _read_matrix(strip_ansi(text), is_status)
     return links
 
 
