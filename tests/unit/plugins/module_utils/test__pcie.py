@@ -378,3 +378,19 @@ def test_every_lspci_capture_gives_its_links_to_named_devices(cap):
         assert entry["pcie_width_current"] is not None or entry["pcie_width_max"] is not None
     gpus = [e["bus_id"] for e in links if e["is_nvidia_gpu"]]
     assert all(bus.endswith(".0") for bus in gpus)
+
+
+def test_the_upstream_bridge_in_the_saved_lspci_is_the_host_end():
+    """A GPU at x8 behind a root port that is x8 itself is not downtrained: both ends support x8 at most."""
+    tree = parse_lspci_tree(LSPCI["asus_esc8000a_e12_genoa_4x_rtx6000ada_separate_root_complexes_lspci_tv"].text)
+    text = (
+        "00:01.1 PCI bridge: Advanced Micro Devices, Inc. [AMD] Device 149f\n"
+        "\t\tLnkCap:\tPort #1, Speed 16GT/s, Width x8, ASPM L1\n\t\tLnkSta:\tSpeed 16GT/s, Width x8\n"
+        "01:00.0 VGA compatible controller: NVIDIA Corporation AD102GL [RTX 6000 Ada Generation] (rev a1)\n"
+        "\t\tLnkCap:\tPort #0, Speed 16GT/s, Width x16, ASPM L1\n\t\tLnkSta:\tSpeed 16GT/s (ok), Width x8 (downgraded)\n"
+    )
+    gpus = {g["bus_id"]: g for g in analyse_platform(tree=tree, lspci=parse_lspci_links(text))["gpus"]}
+    gpu = gpus["0000:01:00.0"]
+    assert (gpu["pcie_width_host_max"], gpu["pcie_width_current"], gpu["lspci_downgraded"]) == (8, 8, ["width"])
+    assert gpu["downtrained"] is False
+    assert gpus["0000:41:00.0"]["link_source"] is None
