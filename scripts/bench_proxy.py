@@ -1,4 +1,4 @@
-"""Benchmark the streaming path: direct to vLLM, through the project's Nginx, and through a FastAPI + httpx proxy.
+"""Benchmark the streaming path: direct to vLLM, through the project's Nginx (plain and TLS), and a FastAPI + httpx proxy.
 
 Everything runs on this machine: the real vLLM CPU image (scripts/vllm-test-image.sh)
 with its tiny model, this machine's Nginx running the nginx_proxy role's own site,
@@ -8,12 +8,18 @@ the same image, which has both). The load generator is gpubox.inference's probe
 path, the ratios to direct, the number of rounds and their spread; then cross-checks
 the probe with `vllm bench serve` on the direct path. Asserts nothing.
 
+Layout: as on a GPU box, where the engine's work is on the GPU and the proxy has cores of its own, vLLM's
+container runs on its own CPUs (ENGINE_CPUS, by default the first half of this process's CPUs: CPU 0 on a
+2-core machine) and Nginx, the Python proxy and the load generator on the others. LAYOUT=shared runs
+everything on every CPU, the stress record where proxy CPU comes out of vLLM's throughput.
+
 Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default; Nginx runs the role's default
        nginx_proxy_worker_processes, or WORKERS; EXTRA_WORKERS=N|auto adds the same site with N workers
        as one more path; UDS=1 adds the same site in front of a second, identical vLLM on a Unix socket;
        BRIDGE=1 adds a second, identical vLLM on Docker's bridge network with its port published on
        127.0.0.1, as the vllm role deploys it with vllm_network_mode=bridge: docker-proxy relays that port;
-       PYTHON_PROXY=0 leaves the FastAPI proxy out; REQUESTS_PER_STREAM=N (6) sets how long each run is;
+       PYTHON_PROXY=0 leaves the FastAPI proxy out; TLS=0 leaves out the same site over TLS (the role's
+       self-signed pair, made by its own tls.yml); REQUESTS_PER_STREAM=N (6) sets how long each run is;
        CROSS_CHECK_ROUNDS=0 skips the cross-check)
 
 vLLM runs on the host's network, as the vllm role deploys it by default (vllm_network_mode=host).
@@ -41,16 +47,23 @@ sys.path.insert(0, str(ROOT / ".collections"))
 from ansible_collections.gpubox.inference.plugins.module_utils._probe import run  # noqa: E402
 
 VLLM_PORT, NGINX_PORT, FASTAPI_PORT, NGINX_UDS_PORT, NGINX_EXTRA_PORT = 18300, 18301, 18302, 18303, 18304
-BRIDGE_PORT = 18305
+BRIDGE_PORT, NGINX_TLS_PORT, NGINX_TLS_REDIRECT_PORT = 18305, 18306, 18307
 KEY = "bench-key-0123456789abcdef"
 PROMPT_TOKENS, MAX_TOKENS = 200, 128
 # Requests per run: at least 24, and 6 per concurrent stream (REQUESTS_PER_STREAM), so one run lasts seconds.
 REQUESTS_MIN, REQUESTS_PER_STREAM = 24, int(os.environ.get("REQUESTS_PER_STREAM", "6"))
 # The probe and `vllm bench serve` agree when their medians over the rounds are within this share.
 CROSS_CHECK_TOLERANCE, CROSS_CHECK_ROUNDS = 0.15, int(os.environ.get("CROSS_CHECK_ROUNDS", "5"))
-# Issue 8's targets for the project's Nginx against direct, per concurrency: TTFT p50 at most, tok/s at least.
-TARGETS = {1: (1.05, 0.97), 10: (1.05, 0.97), 50: (1.10, 0.93)}
-NGINX = "nginx (gpubox)"  # the path the targets are for
+# Issue 20's targets for the project's Nginx, plain and TLS, against direct at every concurrency, engine on its
+# own cores: (name, what is read, the bound, at most?). The proxy's CPU per token is held against the Python
+# proxy's in the same run (at most a quarter of it).
+TARGETS = (
+    ("TTFT p50", "ttft", 1.05, True),
+    ("tok/s", "tps", 0.97, False),
+    ("TTFT p99", "ttft_p99", 1.10, True),
+)
+PROXY_CPU_VS_PYTHON = 0.25
+NGINX, NGINX_TLS, PYTHON = "nginx (gpubox)", "nginx (gpubox, TLS)", "fastapi+httpx"  # the paths the targets name
 FASTAPI_PROXY = """
 import httpx, uvicorn
 from fastapi import FastAPI, Request
@@ -102,9 +115,35 @@ def verdict(interval: tuple[float, float], bound: float, at_most: bool, rounds: 
 # What each column reads from a probe run; the ratios to direct are taken round by round.
 READ = {
     "ttft": lambda run: run["ttft_ms"]["p50"],
+    "ttft_p99": lambda run: run["ttft_ms"]["p99"],
+    "itl_p99": lambda run: run["itl_ms"]["p99"],
     "tps": lambda run: run["output_tokens_per_s"],
     "cpu": lambda run: run["cpu_us_per_token"],
+    "proxy_cpu": lambda run: run["cpu_split"]["proxy"],
 }
+
+
+def cpu_layout(available: list[int], layout: str, engine: str | None) -> tuple[list[int], list[int]]:
+    """(the engine's CPUs, everyone else's): split, the engine's own (ENGINE_CPUS, else the first half of
+    ``available``) and the rest; shared, every CPU for both. A split that leaves either side empty is refused."""
+    available = sorted(available)
+    if layout == "shared":
+        return available, available
+    if layout != "split":
+        raise SystemExit(f"LAYOUT={layout!r}: use split (the engine on its own CPUs) or shared")
+    if engine:
+        chosen = sorted({int(cpu) for cpu in engine.split(",")})
+        if not set(chosen) <= set(available):
+            raise SystemExit(f"ENGINE_CPUS={engine!r}: CPUs {sorted(set(chosen) - set(available))} are not available")
+    else:
+        chosen = available[: len(available) // 2]
+    rest = [cpu for cpu in available if cpu not in chosen]
+    if not chosen or not rest:
+        raise SystemExit(
+            f"LAYOUT=split needs CPUs for the engine and for the rest ({len(available)} available, engine {chosen}): "
+            "set ENGINE_CPUS, or LAYOUT=shared"
+        )
+    return chosen, rest
 
 
 def ratios(runs: list[dict], direct: list[dict], metric: str) -> list[float]:
@@ -160,7 +199,9 @@ def wait(url: str, seconds: int = 180) -> None:
     raise SystemExit(f"{url} did not answer within {seconds} s")
 
 
-def nginx_site(work: Path, upstream: str, port: int, workers: str) -> subprocess.Popen:
+def nginx_site(work: Path, upstream: str, port: int, workers: str, tls_port: int | None = None) -> subprocess.Popen:
+    """The nginx_proxy role's site, rendered by the role; with ``tls_port``, over TLS with the pair its tls.yml makes
+    (in ``work``/tls), ``port`` then being the role's redirect to it."""
     work.mkdir(parents=True, exist_ok=True)
     variables = {
         "ansible_python_interpreter": sys.executable,
@@ -175,10 +216,16 @@ def nginx_site(work: Path, upstream: str, port: int, workers: str) -> subprocess
         "nginx_proxy_rate_per_ip": "10000r/s",
         "nginx_proxy_burst_per_ip": 10000,
     }
+    if tls_port:
+        variables.update(nginx_proxy_tls=True, nginx_proxy_https_port=tls_port, _nginx_proxy_generated_tls_dir=str(work / "tls"))
     (work / "vars.json").write_text(json.dumps(variables))
+    steps = (["tls.yml"] if tls_port else []) + ["render.yml"]
     (work / "render.yml").write_text(
-        "- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.include_role:\n"
-        "        name: gpubox.inference.nginx_proxy\n        tasks_from: render.yml\n"
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        + "".join(
+            f"    - ansible.builtin.include_role:\n        name: gpubox.inference.nginx_proxy\n        tasks_from: {step}\n"
+            for step in steps
+        )
     )
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     sh("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{work / 'vars.json'}", str(work / "render.yml"), env=env)
@@ -190,13 +237,13 @@ def nginx_site(work: Path, upstream: str, port: int, workers: str) -> subprocess
     return subprocess.Popen([shutil.which("nginx"), "-c", str(work / "nginx.conf")])
 
 
-def probe(url: str, concurrency: int, key: str | None, endpoint: str = "chat") -> dict:
+def probe(url: str, concurrency: int, key: str | None, endpoint: str = "chat", ca_path: str | None = None) -> dict:
     return run(
         {
             "url": url, "model": "tiny", "api_key": key, "endpoint": endpoint, "concurrency": concurrency,
             "requests": max(REQUESTS_MIN, concurrency * REQUESTS_PER_STREAM), "prompt_tokens": PROMPT_TOKENS,
             "shared_prefix_tokens": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True, "timeout": 120, "max_seconds": 600,
-            "validate_certs": True, "ca_path": None,
+            "validate_certs": True, "ca_path": ca_path,
         }
     )  # fmt: skip
 
@@ -212,6 +259,12 @@ def main() -> None:
     uds = os.environ.get("UDS") == "1"
     bridge = os.environ.get("BRIDGE") == "1"
     python_proxy = os.environ.get("PYTHON_PROXY") != "0"
+    tls = os.environ.get("TLS") != "0"
+    layout = os.environ.get("LAYOUT", "split")
+    engine_cpus, client_cpus = cpu_layout(list(os.sched_getaffinity(0)), layout, os.environ.get("ENGINE_CPUS"))
+    engine_set, client_set = (",".join(str(cpu) for cpu in cpus) for cpus in (engine_cpus, client_cpus))
+    # This process is the load generator; the Nginx it starts inherits its CPUs.
+    os.sched_setaffinity(0, client_cpus)
     # Nginx's worker processes as the role sets them, unless WORKERS says otherwise;
     # EXTRA_WORKERS=auto adds the same site with that many workers as one more path.
     workers = os.environ.get("WORKERS") or str(role_default("nginx_proxy_worker_processes"))
@@ -223,30 +276,37 @@ def main() -> None:
     server = ["--model", "/models/tiny-chat", "--served-model-name", "tiny", "--dtype", "bfloat16", "--enforce-eager",
               "--distributed-executor-backend", "uni", "--max-model-len", "512"]  # fmt: skip
     try:
-        sh("docker", "run", "-d", "--name", names["vllm"], "--network", "host", image, *server,
-           "--host", "127.0.0.1", "--port", str(VLLM_PORT))  # fmt: skip
+        sh("docker", "run", "-d", "--name", names["vllm"], "--network", "host", "--cpuset-cpus", engine_set, image,
+           *server, "--host", "127.0.0.1", "--port", str(VLLM_PORT))  # fmt: skip
         if python_proxy:
-            sh("docker", "run", "-d", "--name", names["fastapi"], "--network", "host", "--entrypoint", "python3", image,
-               "-c", FASTAPI_PROXY)  # fmt: skip
+            sh("docker", "run", "-d", "--name", names["fastapi"], "--network", "host", "--cpuset-cpus", client_set,
+               "--entrypoint", "python3", image, "-c", FASTAPI_PROXY)  # fmt: skip
         nginxes.append(nginx_site(work / "tcp", f"127.0.0.1:{VLLM_PORT}", NGINX_PORT, workers))
         wait(f"http://127.0.0.1:{VLLM_PORT}/v1/models")
         paths = {
             "direct": (f"http://127.0.0.1:{VLLM_PORT}/v1", None),
             NGINX: (f"http://127.0.0.1:{NGINX_PORT}/v1", KEY),
         }
+        cas: dict[str, str] = {}  # the CA a TLS path's probe trusts: the role's self-signed certificate
         # Where each path's CPU goes: the vLLM server(s), the path's proxy and this process (the load generator).
         servers = [container_seconds(names["vllm"])]
         proxies = {NGINX: nginx_seconds(nginxes[0])}
+        if tls:
+            nginxes.append(nginx_site(work / "tls-site", f"127.0.0.1:{VLLM_PORT}", NGINX_TLS_REDIRECT_PORT, workers,
+                                      tls_port=NGINX_TLS_PORT))  # fmt: skip
+            paths[NGINX_TLS] = (f"https://127.0.0.1:{NGINX_TLS_PORT}/v1", KEY)
+            cas[NGINX_TLS] = str(work / "tls-site" / "tls" / "selfsigned.crt")
+            proxies[NGINX_TLS] = nginx_seconds(nginxes[-1])
         if python_proxy:
-            paths["fastapi+httpx"] = (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None)
-            proxies["fastapi+httpx"] = container_seconds(names["fastapi"])
+            paths[PYTHON] = (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None)
+            proxies[PYTHON] = container_seconds(names["fastapi"])
         if extra_workers:
             nginxes.append(nginx_site(work / "extra", f"127.0.0.1:{VLLM_PORT}", NGINX_EXTRA_PORT, extra_workers))
             paths[f"nginx ({extra_workers} wk)"] = (f"http://127.0.0.1:{NGINX_EXTRA_PORT}/v1", KEY)
             proxies[f"nginx ({extra_workers} wk)"] = nginx_seconds(nginxes[-1])
         if bridge:
-            sh("docker", "run", "-d", "--name", names["bridge"], "-p", f"127.0.0.1:{BRIDGE_PORT}:8000", image, *server,
-               "--host", "0.0.0.0", "--port", "8000")  # fmt: skip
+            sh("docker", "run", "-d", "--name", names["bridge"], "-p", f"127.0.0.1:{BRIDGE_PORT}:8000",
+               "--cpuset-cpus", engine_set, image, *server, "--host", "0.0.0.0", "--port", "8000")  # fmt: skip
             wait(f"http://127.0.0.1:{BRIDGE_PORT}/v1/models")
             paths["direct (docker port)"] = (f"http://127.0.0.1:{BRIDGE_PORT}/v1", None)
             servers.append(container_seconds(names["bridge"]))
@@ -257,8 +317,8 @@ def main() -> None:
             sockets.mkdir()
             work.chmod(0o711)  # Nginx's workers must reach the socket
             sockets.chmod(0o755)
-            sh("docker", "run", "-d", "--name", names["uds"], "--network", "none", "-v", f"{sockets}:/sock", image,
-               *server, "--uds", "/sock/vllm.sock")  # fmt: skip
+            sh("docker", "run", "-d", "--name", names["uds"], "--network", "none", "-v", f"{sockets}:/sock",
+               "--cpuset-cpus", engine_set, image, *server, "--uds", "/sock/vllm.sock")  # fmt: skip
             for _second in range(180):
                 if (sockets / "vllm.sock").exists():
                     break
@@ -295,7 +355,7 @@ def main() -> None:
                         }
 
                     before = seconds()
-                    summary = probe(url, level, key)
+                    summary = probe(url, level, key, ca_path=cas.get(label))
                     # Everything the machine ran meanwhile (vLLM, the proxy, the load generator, the kernel),
                     # per token: what one path costs, steadier than throughput on a saturated machine.
                     tokens = max(summary["output_tokens"], 1)
@@ -304,6 +364,10 @@ def main() -> None:
                     results.setdefault((label, level), []).append(summary)
         machine = f"{os.cpu_count()} CPUs ({os.uname().machine})"
         print(f"\nmachine: {machine}, vLLM CPU build (tiny model), Nginx and the load generator on it")
+        if layout == "split":
+            print(f"layout: split, vLLM on CPU {engine_set}; Nginx, the Python proxy and the load generator on CPU {client_set}")
+        else:
+            print(f"layout: shared (a stress record), everything on CPU {engine_set}: proxy CPU comes out of vLLM's")
         print(f"streams: {PROMPT_TOKENS}-token prompts, {MAX_TOKENS} output tokens; rounds: {rounds} (median, min-max)\n")
         print(f"Nginx (gpubox): the nginx_proxy role's site, worker_processes {workers}")
         print("ratios to direct: per round (paths interleaved), median (min-max)\n")
@@ -327,8 +391,9 @@ def main() -> None:
                     f"{statistics.median(ratio_cpu):>10.2f}x ({min(ratio_cpu):.2f}-{max(ratio_cpu):.2f})  "
                     f"{runs[-1]['buffering']['verdict']}{'' if not fails else f' ({fails} failed)'}"
                 )
+        print_tails(results, levels, list(paths))
         print_cpu_split(results, levels, list(paths))
-        print_targets(results, levels)
+        print_targets(results, levels, layout)
         if CROSS_CHECK_ROUNDS:
             cross_check(names["vllm"], levels)
     finally:
@@ -364,26 +429,64 @@ def print_cpu_split(results: dict, levels: list[int], labels: list[str]) -> None
             print(f"{label:<22}{level:>4}" + "".join(f"{median:>10.1f}" for median in medians))
 
 
-def print_targets(results: dict, levels: list[int]) -> None:
-    """Issue 8's targets against the median of the per-round ratios, with a ~95% interval for that median.
+def print_tails(results: dict, levels: list[int], labels: list[str]) -> None:
+    """TTFT p99 and the inter-token gap p99 per path, and the proxy's own CPU per output token: medians over rounds."""
+    print("\ntails and proxy CPU: median over the rounds (ratios to direct per round, median)")
+    print(f"{'path':<22}{'c':>4}{'TTFT p99 ms':>14}{'vs direct':>11}{'ITL p99 ms':>13}{'vs direct':>11}{'proxy us/tok':>14}")
+    for level in levels:
+        direct = results[("direct", level)]
+        for label in labels:
+            runs = results[(label, level)]
+            cells = [statistics.median(READ[metric](r) for r in runs) for metric in ("ttft_p99", "itl_p99", "proxy_cpu")]
+            ttft_ratio, itl_ratio = (statistics.median(ratios(runs, direct, metric)) for metric in ("ttft_p99", "itl_p99"))
+            print(
+                f"{label:<22}{level:>4}{cells[0]:>14.1f}{ttft_ratio:>10.2f}x{cells[1]:>13.1f}{itl_ratio:>10.2f}x{cells[2]:>14.1f}"
+            )
+
+
+def target_rows(results: dict, levels: list[int], layout: str) -> list[dict]:
+    """Issue 20's targets, one row each: the path, the concurrency, what, the median per-round ratio, its ~95%
+    interval, the bound and the verdict. The proxy-CPU target compares the path's proxy with the Python one."""
+    rows = []
+    for label in (NGINX, NGINX_TLS):
+        for level in levels:
+            if (label, level) not in results:
+                continue
+            runs, direct = results[(label, level)], results[("direct", level)]
+            checks = [(name, ratios(runs, direct, metric), bound, at_most) for name, metric, bound, at_most in TARGETS]
+            if (PYTHON, level) in results:
+                checks.append(
+                    ("proxy CPU vs Python", ratios(runs, results[(PYTHON, level)], "proxy_cpu"), PROXY_CPU_VS_PYTHON, True)
+                )
+            for name, per_round, bound, at_most in checks:
+                interval = median_interval(per_round)
+                rows.append(
+                    {
+                        "path": label, "c": level, "what": name, "ratio": statistics.median(per_round),
+                        "interval": interval, "bound": bound, "at_most": at_most,
+                        "verdict": verdict(interval, bound, at_most, len(per_round)),
+                    }
+                )  # fmt: skip
+    if layout == "shared":
+        for row in rows:
+            row["verdict"] = f"{row['verdict']} (shared layout: a stress record, the targets are for split)"
+    return rows
+
+
+def print_targets(results: dict, levels: list[int], layout: str = "split") -> None:
+    """Issue 20's targets against the median of the per-round ratios, with a ~95% interval for that median.
 
     "met" or "missed" only when the whole interval is on one side of the target; else "undecided":
     the rounds do not tell, on this machine, which side the true ratio is on.
     """
-    print(f"\ntargets for {NGINX} against direct: median per-round ratio [~95% interval of the median]")
-    for level in [c for c in levels if c in TARGETS]:
-        ttft_bound, tps_bound = TARGETS[level]
-        direct, nginx = results[("direct", level)], results[(NGINX, level)]
-        cells = []
-        for name, metric, bound, at_most in (("TTFT p50", "ttft", ttft_bound, True), ("tok/s", "tps", tps_bound, False)):
-            per_round = ratios(nginx, direct, metric)
-            low, high = median_interval(per_round)
-            sign = "<=" if at_most else ">="
-            cells.append(
-                f"{name} {statistics.median(per_round):.2f}x [{low:.2f}-{high:.2f}] {sign} {bound:.2f}: "
-                f"{verdict((low, high), bound, at_most, len(per_round))}"
-            )
-        print(f"  c={level:<3} " + ";  ".join(cells))
+    print("\ntargets (median per-round ratio [~95% interval of the median]), against direct unless named")
+    for row in target_rows(results, levels, layout):
+        low, high = row["interval"]
+        sign = "<=" if row["at_most"] else ">="
+        print(
+            f"  {row['path']:<22}c={row['c']:<3} {row['what']:<20}{row['ratio']:.2f}x [{low:.2f}-{high:.2f}] "
+            f"{sign} {row['bound']:.2f}: {row['verdict']}"
+        )
 
 
 def vllm_bench_serve(container: str, input_len: int, count: int, level: int) -> tuple[float, float]:

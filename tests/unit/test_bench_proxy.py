@@ -1,9 +1,10 @@
-"""scripts/bench_proxy.py's verdicts on issue 8's targets: the interval for a median, and which side of a target it is."""
+"""scripts/bench_proxy.py: the interval for a median, which side of a target it is, the CPU layout and the targets each path is held to."""
 
 from __future__ import annotations
 
 import importlib.util
 import random
+import re
 import statistics
 
 import pytest
@@ -65,3 +66,58 @@ def test_cpu_split_shows_medians_and_what_no_named_process_took(capsys):
     # machine, vLLM, proxy, load generator, rest (machine less the three), softirq: medians over the rounds
     assert rows["direct"] == ["250.0", "210.0", "0.0", "35.0", "5.0", "5.0"]
     assert rows["nginx"] == ["265.0", "214.0", "14.0", "33.0", "4.0", "9.0"]
+
+
+@pytest.mark.parametrize(
+    ("available", "layout", "engine", "expected"),
+    [
+        ([0, 1], "split", None, ([0], [1])),
+        ([3, 2, 1, 0], "split", None, ([0, 1], [2, 3])),
+        ([0, 1, 2, 3], "split", "3", ([3], [0, 1, 2])),
+        ([0, 1], "shared", None, ([0, 1], [0, 1])),
+    ],
+)
+def test_the_engine_gets_its_own_cpus_unless_shared(available, layout, engine, expected):
+    assert bench.cpu_layout(available, layout, engine) == expected
+
+
+@pytest.mark.parametrize(
+    ("available", "layout", "engine", "message"),
+    [
+        ([0], "split", None, "LAYOUT=split needs CPUs for the engine and for the rest"),
+        ([0, 1], "split", "0,1", "LAYOUT=split needs CPUs for the engine and for the rest"),
+        ([0, 1], "split", "5", "ENGINE_CPUS='5': CPUs [5] are not available"),
+        ([0, 1], "apart", None, "LAYOUT='apart': use split"),
+    ],
+)
+def test_a_layout_that_cannot_be_made_is_refused(available, layout, engine, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        bench.cpu_layout(available, layout, engine)
+
+
+def _run(ttft, tps, ttft_p99, proxy):
+    return {
+        "ttft_ms": {"p50": ttft, "p99": ttft_p99},
+        "output_tokens_per_s": tps,
+        "cpu_split": {"proxy": proxy},
+    }
+
+
+def test_targets_hold_both_nginx_paths_to_direct_and_their_cpu_to_the_python_proxy():
+    rounds = range(6)
+    results = {
+        ("direct", 10): [_run(100, 1000, 200, 0) for _ in rounds],
+        (bench.NGINX, 10): [_run(102, 990, 210, 40) for _ in rounds],
+        (bench.NGINX_TLS, 10): [_run(120, 900, 260, 50) for _ in rounds],
+        (bench.PYTHON, 10): [_run(110, 980, 230, 200) for _ in rounds],
+    }
+    rows = {(r["path"], r["what"]): r for r in bench.target_rows(results, [10], "split")}
+    assert rows[(bench.NGINX, "TTFT p50")]["verdict"] == "met"
+    assert rows[(bench.NGINX, "tok/s")]["verdict"] == "met"
+    assert rows[(bench.NGINX, "TTFT p99")]["verdict"] == "met"
+    assert rows[(bench.NGINX, "proxy CPU vs Python")]["ratio"] == pytest.approx(0.2)
+    assert rows[(bench.NGINX, "proxy CPU vs Python")]["verdict"] == "met"
+    assert [rows[(bench.NGINX_TLS, what)]["verdict"] for what in ("TTFT p50", "tok/s", "TTFT p99")] == ["missed"] * 3
+    assert rows[(bench.NGINX_TLS, "proxy CPU vs Python")]["ratio"] == pytest.approx(0.25)
+    shared = bench.target_rows(results, [10], "shared")
+    assert all(row["verdict"].endswith("(shared layout: a stress record, the targets are for split)") for row in shared)
