@@ -1,4 +1,4 @@
-"""scripts/bench_proxy.py: the interval for a median, which side of a target it is, the CPU layout and the targets each path is held to."""
+"""scripts/bench_proxy.py: the interval for a median, the verdicts, the CPU layout, the targets each path is held to."""
 
 from __future__ import annotations
 
