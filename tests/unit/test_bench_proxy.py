@@ -106,10 +106,10 @@ def _run(ttft, tps, ttft_p99, proxy):
 def test_targets_hold_both_nginx_paths_to_direct_and_their_cpu_to_the_python_proxy():
     rounds = range(6)
     results = {
-        ("direct", 10): [_run(100, 1000, 200, 0) for _ in rounds],
-        (bench.NGINX, 10): [_run(102, 990, 210, 40) for _ in rounds],
-        (bench.NGINX_TLS, 10): [_run(120, 900, 260, 50) for _ in rounds],
-        (bench.PYTHON, 10): [_run(110, 980, 230, 200) for _ in rounds],
+        ("direct", 10): [_run(100, 1000, 200, 0) for _round in rounds],
+        (bench.NGINX, 10): [_run(102, 990, 210, 40) for _round in rounds],
+        (bench.NGINX_TLS, 10): [_run(120, 900, 260, 50) for _round in rounds],
+        (bench.PYTHON, 10): [_run(110, 980, 230, 200) for _round in rounds],
     }
     rows = {(r["path"], r["what"]): r for r in bench.target_rows(results, [10], "split")}
     assert rows[(bench.NGINX, "TTFT p50")]["verdict"] == "met"
