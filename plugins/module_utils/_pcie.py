@@ -400,12 +400,12 @@ def is_chipset_bridge(bdf: str, info: dict | None, description: str | None = Non
     )
 
 
-def judge_link(gpu: dict) -> tuple[bool | None, str]:
+def judge_link(gpu: dict, load_state: str | None = None) -> tuple[bool | None, str]:
     """Whether a GPU's link trained below what both ends support, and why (or why not).
 
     A generation below the best is power saving when the GPU idles (P8 drops to 2.5 GT/s) and a fault under
     load. The load comes from nvidia-smi's performance state or, for a saved lspci, from what the caller says
-    of it (``load_state`` V(load) or V(idle)); a saved lspci without it cannot tell the two apart.
+    of it (``load_state`` ``load`` or ``idle``); a saved lspci without it cannot tell the two apart.
     """
     width, width_best = gpu.get("pcie_width_current"), _min(gpu.get("pcie_width_max"), gpu.get("pcie_width_host_max"))
     gen, gen_best = gpu.get("pcie_gen_current"), _min(gpu.get("pcie_gen_max"), gpu.get("pcie_gen_host_max"))
@@ -415,14 +415,14 @@ def judge_link(gpu: dict) -> tuple[bool | None, str]:
         state = gpu.get("performance_state")
         if state in ("P0", "P1", "P2"):
             return True, f"the link runs at Gen{gen} under load ({state}) where both ends support Gen{gen_best}"
-        if state is None and gpu.get("load_state") == "load":
+        if state is None and load_state == "load":
             return True, f"the link runs at Gen{gen} under load (as saved) where both ends support Gen{gen_best}"
-        if state is None and gpu.get("load_state") is None and gpu.get("link_source") == "lspci":
+        if state is None and load_state is None and gpu.get("link_source") == "lspci":
             return None, (
                 f"Gen{gen} of Gen{gen_best} in a saved lspci: an idle GPU drops to Gen1 to save power, so without the "
                 "load state (lspci_under_load) this cannot tell power saving from a downtrained link"
             )
-        idle = f"idle ({state})" if state else "idle (as saved)" if gpu.get("load_state") == "idle" else "possibly idle"
+        idle = f"idle ({state})" if state else "idle (as saved)" if load_state == "idle" else "possibly idle"
         return False, f"Gen{gen} of Gen{gen_best} while {idle} is power saving; check it under load"
     if width is None and gen is None:
         return None, "link speed and width are not known"
@@ -517,9 +517,7 @@ def analyse_platform(
             "link_source": next((source for source, gen in sources if gen), None),
             "lspci_downgraded": link.get("downgraded") if link else None,
         }
-        if gpu["link_source"] == "lspci" and lspci_under_load is not None:
-            gpu["load_state"] = "load" if lspci_under_load else "idle"
-        gpu["downtrained"], gpu["link_note"] = judge_link(gpu)
-        gpu.pop("load_state", None)
+        saved_load = None if gpu["link_source"] != "lspci" or lspci_under_load is None else "load" if lspci_under_load else "idle"
+        gpu["downtrained"], gpu["link_note"] = judge_link(gpu, saved_load)
         gpus.append(gpu)
     return {"cpu": parse_cpuinfo(cpuinfo or ""), "gpus": gpus}
