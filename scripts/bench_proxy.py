@@ -1,26 +1,32 @@
-"""Benchmark the streaming path: direct to vLLM, through the project's Nginx (plain and TLS), and a FastAPI + httpx proxy.
+"""Benchmark the streaming path: direct to vLLM, through the project's Nginx (plain and TLS), the recipe's Nginx and a
+FastAPI + httpx proxy.
 
-Everything runs on this machine: the real vLLM CPU image (scripts/vllm-test-image.sh)
-with its tiny model, this machine's Nginx running the nginx_proxy role's own site,
-and the kind of async Python proxy many people hand-write (FastAPI + httpx, run from
-the same image, which has both). The load generator is gpubox.inference's probe
-(module_utils/_probe.py). Prints TTFT p50 and output tokens/s per concurrency and
-path, the ratios to direct, the number of rounds and their spread; then cross-checks
-the probe with `vllm bench serve` on the direct path. Asserts nothing.
+Everything runs on this machine: the real vLLM CPU image (scripts/vllm-test-image.sh) with its tiny model; this
+machine's Nginx running the nginx_proxy role's own site, over plain HTTP and over TLS with the self-signed pair the
+role's tls.yml makes; the same Nginx running the config the common blog posts publish (scripts/bench/recipe-nginx.conf,
+not rendered by the role); and the kind of async Python proxy many people hand-write (FastAPI + httpx, run from the
+same image, which has both). The load generator is gpubox.inference's probe (module_utils/_probe.py). Prints per path
+and concurrency TTFT p50 and p99, tok/s, the inter-token gap p99, the proxy's CPU per output token, the buffering
+verdict and the ratios to direct, then a verdict per issue 20 target; then cross-checks the probe with
+`vllm bench serve` on the direct path. Asserts nothing. Progress goes to stderr, one line per round.
 
 Layout: as on a GPU box, where the engine's work is on the GPU and the proxy has cores of its own, vLLM's
 container runs on its own CPUs (ENGINE_CPUS, by default the first half of this process's CPUs: CPU 0 on a
 2-core machine) and Nginx, the Python proxy and the load generator on the others. LAYOUT=shared runs
-everything on every CPU, the stress record where proxy CPU comes out of vLLM's throughput.
+everything on every CPU, the stress record where proxy CPU comes out of vLLM's.
+
+Schedule: with the split layout, each round sends every path's requests in one run per concurrency, interleaved
+(request i to path i mod n, the same prompts to each), so all paths meet the same engine load at the same moments
+and drift between runs cancels; SCHEDULE=sequential (the shared layout's default) runs one path at a time.
 
 Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default; Nginx runs the role's default
        nginx_proxy_worker_processes, or WORKERS; EXTRA_WORKERS=N|auto adds the same site with N workers
-       as one more path; UDS=1 adds the same site in front of a second, identical vLLM on a Unix socket;
-       BRIDGE=1 adds a second, identical vLLM on Docker's bridge network with its port published on
-       127.0.0.1, as the vllm role deploys it with vllm_network_mode=bridge: docker-proxy relays that port;
-       PYTHON_PROXY=0 leaves the FastAPI proxy out; TLS=0 leaves out the same site over TLS (the role's
-       self-signed pair, made by its own tls.yml); REQUESTS_PER_STREAM=N (6) sets how long each run is;
-       CROSS_CHECK_ROUNDS=0 skips the cross-check)
+       as one more path; VARIANT='directive value' adds the role's site (TLS, or plain with TLS=0) with that
+       directive in its server block, the A/B of one setting; UDS=1 adds the same site in front of a second,
+       identical vLLM on a Unix socket; BRIDGE=1 adds a second, identical vLLM on Docker's bridge network with its
+       port published on 127.0.0.1, as the vllm role deploys it with vllm_network_mode=bridge: docker-proxy relays
+       that port; PYTHON_PROXY=0, RECIPE=0 and TLS=0 leave those paths out; REQUESTS_PER_STREAM=N (6) sets how
+       long each run is; CROSS_CHECK_ROUNDS=0 skips the cross-check)
 
 vLLM runs on the host's network, as the vllm role deploys it by default (vllm_network_mode=host).
 """
@@ -44,10 +50,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / ".collections"))
-from ansible_collections.gpubox.inference.plugins.module_utils._probe import run  # noqa: E402
+from ansible_collections.gpubox.inference.plugins.module_utils._probe import run, run_mixed  # noqa: E402
 
 VLLM_PORT, NGINX_PORT, FASTAPI_PORT, NGINX_UDS_PORT, NGINX_EXTRA_PORT = 18300, 18301, 18302, 18303, 18304
-BRIDGE_PORT, NGINX_TLS_PORT, NGINX_TLS_REDIRECT_PORT = 18305, 18306, 18307
+BRIDGE_PORT, NGINX_TLS_PORT, NGINX_TLS_REDIRECT_PORT, RECIPE_PORT = 18305, 18306, 18307, 18308
+VARIANT_PORT, VARIANT_REDIRECT_PORT = 18309, 18310
 KEY = "bench-key-0123456789abcdef"
 PROMPT_TOKENS, MAX_TOKENS = 200, 128
 # Requests per run: at least 24, and 6 per concurrent stream (REQUESTS_PER_STREAM), so one run lasts seconds.
@@ -63,7 +70,10 @@ TARGETS = (
     ("TTFT p99", "ttft_p99", 1.10, True),
 )
 PROXY_CPU_VS_PYTHON = 0.25
-NGINX, NGINX_TLS, PYTHON = "nginx (gpubox)", "nginx (gpubox, TLS)", "fastapi+httpx"  # the paths the targets name
+# Against the recipe's Nginx in the same run: the proxy's CPU per token at most the recipe's (split layout);
+# throughput not below the recipe's, within the 3% the targets against direct allow (shared layout).
+PROXY_CPU_VS_RECIPE, TPS_VS_RECIPE_SHARED = 1.00, 0.97
+NGINX, NGINX_TLS, PYTHON, RECIPE = "nginx (gpubox)", "nginx (gpubox, TLS)", "fastapi+httpx", "nginx (recipe)"
 FASTAPI_PROXY = """
 import httpx, uvicorn
 from fastapi import FastAPI, Request
@@ -103,6 +113,17 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return ordered[k - 1], ordered[n - k]
 
 
+def rounds_to_decide(per_round: list[float], bound: float) -> int | None:
+    """About how many rounds would put the median's interval on one side of ``bound`` at this spread: the interval
+    narrows as one over the square root of the rounds. None when the median sits on the bound."""
+    low, high = median_interval(per_round)
+    gap = abs(statistics.median(per_round) - bound)
+    if gap == 0:
+        return None
+    half = (high - low) / 2
+    return max(len(per_round), math.ceil(len(per_round) * (half / gap) ** 2))
+
+
 def verdict(interval: tuple[float, float], bound: float, at_most: bool, rounds: int = 6) -> str:
     low, high = interval
     if rounds < 6:  # the interval is then the minimum and maximum, short of ~95%
@@ -117,7 +138,7 @@ READ = {
     "ttft": lambda run: run["ttft_ms"]["p50"],
     "ttft_p99": lambda run: run["ttft_ms"]["p99"],
     "itl_p99": lambda run: run["itl_ms"]["p99"],
-    "tps": lambda run: run["output_tokens_per_s"],
+    "tps": lambda run: run["tok_s"],
     "cpu": lambda run: run["cpu_us_per_token"],
     "proxy_cpu": lambda run: run["cpu_split"]["proxy"],
 }
@@ -199,9 +220,12 @@ def wait(url: str, seconds: int = 180) -> None:
     raise SystemExit(f"{url} did not answer within {seconds} s")
 
 
-def nginx_site(work: Path, upstream: str, port: int, workers: str, tls_port: int | None = None) -> subprocess.Popen:
+def nginx_site(
+    work: Path, upstream: str, port: int, workers: str, tls_port: int | None = None, directive: str | None = None
+) -> subprocess.Popen:
     """The nginx_proxy role's site, rendered by the role; with ``tls_port``, over TLS with the pair its tls.yml makes
-    (in ``work``/tls), ``port`` then being the role's redirect to it."""
+    (in ``work``/tls), ``port`` then being the role's redirect to it; with ``directive`` (an A/B), that directive
+    added to the site's serving server block."""
     work.mkdir(parents=True, exist_ok=True)
     variables = {
         "ansible_python_interpreter": sys.executable,
@@ -229,6 +253,9 @@ def nginx_site(work: Path, upstream: str, port: int, workers: str, tls_port: int
     )
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     sh("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{work / 'vars.json'}", str(work / "render.yml"), env=env)
+    if directive:
+        site = work / "site.conf"
+        site.write_text(with_directive(site.read_text(), directive))
     (work / "nginx.conf").write_text(
         f"worker_processes {workers};\npid {work}/nginx.pid;\nerror_log {work}/error.log warn;\ndaemon off;\n"
         f"events {{ worker_connections 4096; }}\nhttp {{ access_log off; client_body_temp_path {work}/b; "
@@ -237,15 +264,103 @@ def nginx_site(work: Path, upstream: str, port: int, workers: str, tls_port: int
     return subprocess.Popen([shutil.which("nginx"), "-c", str(work / "nginx.conf")])
 
 
+def with_directive(site: str, directive: str) -> str:
+    """The role's rendered site with ``directive`` added to the server block that serves (the one with default_type)."""
+    anchor = "    default_type application/json;\n"
+    if site.count(anchor) != 1:
+        raise SystemExit("VARIANT: the rendered site has no single 'default_type application/json;' line to add the directive after")
+    return site.replace(anchor, f"{anchor}    {directive.strip().rstrip(';')};\n")
+
+
+def recipe_conf(work: Path, upstream: str, port: int) -> Path:
+    """The recipe's nginx.conf (scripts/bench/recipe-nginx.conf), as published, filled in under ``work``."""
+    work.mkdir(parents=True, exist_ok=True)
+    text = (ROOT / "scripts" / "bench" / "recipe-nginx.conf").read_text()
+    (work / "nginx.conf").write_text(
+        text.replace("@WORK@", str(work)).replace("@PORT@", str(port)).replace("@UPSTREAM@", upstream)
+    )
+    return work / "nginx.conf"
+
+
+def recipe_nginx(work: Path, upstream: str, port: int) -> subprocess.Popen:
+    """The recipe's Nginx: not rendered by the role."""
+    return subprocess.Popen([shutil.which("nginx"), "-c", str(recipe_conf(work, upstream, port))])
+
+
+def probe_settings(concurrency: int, endpoint: str = "chat") -> dict:
+    return {
+        "model": "tiny", "endpoint": endpoint, "concurrency": concurrency,
+        "requests": max(REQUESTS_MIN, concurrency * REQUESTS_PER_STREAM), "prompt_tokens": PROMPT_TOKENS,
+        "shared_prefix_tokens": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True, "timeout": 120, "max_seconds": 600,
+        "validate_certs": True,
+    }  # fmt: skip
+
+
 def probe(url: str, concurrency: int, key: str | None, endpoint: str = "chat", ca_path: str | None = None) -> dict:
-    return run(
-        {
-            "url": url, "model": "tiny", "api_key": key, "endpoint": endpoint, "concurrency": concurrency,
-            "requests": max(REQUESTS_MIN, concurrency * REQUESTS_PER_STREAM), "prompt_tokens": PROMPT_TOKENS,
-            "shared_prefix_tokens": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True, "timeout": 120, "max_seconds": 600,
-            "validate_certs": True, "ca_path": ca_path,
+    return run({**probe_settings(concurrency, endpoint), "url": url, "api_key": key, "ca_path": ca_path})
+
+
+def probe_once(url: str, key: str | None, ca_path: str | None = None) -> bool:
+    """Whether one streamed request through ``url`` succeeds."""
+    return bool(run({**probe_settings(1), "requests": 1, "url": url, "api_key": key, "ca_path": ca_path})["succeeded"])
+
+
+def measure(turn: list, level: int, schedule: str, servers: list, proxies: dict, cas: dict) -> dict:
+    """One round at one concurrency: each path's probe summary, with ``tok_s`` (what the tok/s columns read) and
+    ``cpu_us_per_token`` and ``cpu_split`` (where the CPU went, us per output token).
+
+    sequential: one probe run per path, in ``turn``'s order; tok/s is the run's throughput and the CPU is all the
+    machine's while that path ran. mixed: one run for all paths, their requests interleaved under the one
+    concurrency, so every path meets the same engine load at the same moments (drift cancels request by request);
+    tok/s is the concurrency times the mean speed of the path's own streams, and the machine's CPU less the proxies'
+    is shared out per token, each path adding its own proxy's.
+    """
+
+    def seconds() -> dict[str, float]:
+        return {
+            **machine_seconds(),
+            "vllm": sum(server() for server in servers if server),
+            "loadgen": sum(os.times()[:2]),
+            **{label: proxy() for label, proxy in proxies.items()},
         }
-    )  # fmt: skip
+
+    def split(before: dict, after: dict, tokens: int, own: dict[str, int]) -> dict[str, dict]:
+        delta = {name: (after[name] - before[name]) * 1e6 for name in after}
+        proxied = sum(delta[label] for label in proxies)
+        common = {name: delta[name] / tokens for name in ("busy", "softirq", "vllm", "loadgen")}
+        common["busy"] = (delta["busy"] - proxied) / tokens
+        out = {}
+        for label, count in own.items():
+            mine = delta[label] / max(count, 1) if label in proxies else 0.0
+            out[label] = {**common, "busy": common["busy"] + mine, "proxy": mine}
+        return out
+
+    results = {}
+    if schedule == "mixed":
+        before = seconds()
+        summaries = run_mixed(
+            probe_settings(level), [{"url": url, "api_key": key, "ca_path": cas.get(label)} for label, (url, key) in turn]
+        )
+        after = seconds()
+        own = {label: summary["output_tokens"] for (label, _path), summary in zip(turn, summaries, strict=True)}
+        splits = split(before, after, max(sum(own.values()), 1), own)
+        for (label, _path), summary in zip(turn, summaries, strict=True):
+            summary["tok_s"] = level * (summary["per_stream_tokens_per_s"]["mean"] or 0.0)
+            results[label] = summary
+    else:
+        splits = {}
+        for label, (url, key) in turn:
+            before = seconds()
+            summary = probe(url, level, key, ca_path=cas.get(label))
+            tokens = max(summary["output_tokens"], 1)
+            # Everything the machine ran meanwhile (vLLM, the proxy, the load generator, the kernel), per token.
+            splits.update(split(before, seconds(), tokens, {label: tokens}))
+            summary["tok_s"] = summary["output_tokens_per_s"]
+            results[label] = summary
+    for label, summary in results.items():
+        summary["cpu_split"] = splits[label]
+        summary["cpu_us_per_token"] = splits[label]["busy"]
+    return results
 
 
 def main() -> None:
@@ -260,7 +375,14 @@ def main() -> None:
     bridge = os.environ.get("BRIDGE") == "1"
     python_proxy = os.environ.get("PYTHON_PROXY") != "0"
     tls = os.environ.get("TLS") != "0"
+    recipe = os.environ.get("RECIPE") != "0"
+    variant = os.environ.get("VARIANT")
     layout = os.environ.get("LAYOUT", "split")
+    # Split: all paths in one interleaved run per round (drift cancels). Shared: one path at a time, since there a
+    # proxy's CPU comes out of the engine's and, mixed, would slow every path alike.
+    schedule = os.environ.get("SCHEDULE") or ("mixed" if layout == "split" else "sequential")
+    if schedule not in ("mixed", "sequential"):
+        raise SystemExit(f"SCHEDULE={schedule!r}: use mixed (every path in one interleaved run) or sequential")
     engine_cpus, client_cpus = cpu_layout(list(os.sched_getaffinity(0)), layout, os.environ.get("ENGINE_CPUS"))
     engine_set, client_set = (",".join(str(cpu) for cpu in cpus) for cpus in (engine_cpus, client_cpus))
     # This process is the load generator; the Nginx it starts inherits its CPUs.
@@ -297,6 +419,19 @@ def main() -> None:
             paths[NGINX_TLS] = (f"https://127.0.0.1:{NGINX_TLS_PORT}/v1", KEY)
             cas[NGINX_TLS] = str(work / "tls-site" / "tls" / "selfsigned.crt")
             proxies[NGINX_TLS] = nginx_seconds(nginxes[-1])
+        if variant:
+            # An A/B of one directive: the role's site (over TLS unless TLS=0) with it added, beside the same site.
+            label = f"{NGINX_TLS if tls else NGINX} + {variant.strip().rstrip(';')}"
+            nginxes.append(nginx_site(work / "variant", f"127.0.0.1:{VLLM_PORT}", VARIANT_REDIRECT_PORT if tls else VARIANT_PORT,
+                                      workers, tls_port=VARIANT_PORT if tls else None, directive=variant))  # fmt: skip
+            paths[label] = (f"{'https' if tls else 'http'}://127.0.0.1:{VARIANT_PORT}/v1", KEY)
+            if tls:
+                cas[label] = str(work / "variant" / "tls" / "selfsigned.crt")
+            proxies[label] = nginx_seconds(nginxes[-1])
+        if recipe:
+            nginxes.append(recipe_nginx(work / "recipe", f"127.0.0.1:{VLLM_PORT}", RECIPE_PORT))
+            paths[RECIPE] = (f"http://127.0.0.1:{RECIPE_PORT}/v1", None)
+            proxies[RECIPE] = nginx_seconds(nginxes[-1])
         if python_proxy:
             paths[PYTHON] = (f"http://127.0.0.1:{FASTAPI_PORT}/v1", None)
             proxies[PYTHON] = container_seconds(names["fastapi"])
@@ -329,48 +464,52 @@ def main() -> None:
             servers.append(container_seconds(names["uds"]))
             proxies["nginx (unix sock)"] = nginx_seconds(nginxes[-1])
             for _second in range(180):
-                if probe(paths["nginx (unix sock)"][0], 1, KEY)["succeeded"]:
+                if probe_once(paths["nginx (unix sock)"][0], KEY):
                     break
                 time.sleep(1)
             else:
                 raise SystemExit(f"Nginx never reached vLLM on {sockets}/vllm.sock; see {work}/uds/error.log")
-        time.sleep(2)
-        probe(paths["direct"][0], 4, None)  # warm-up
+        for label, (url, key) in paths.items():  # every path answers before anything is measured
+            for _second in range(60):
+                if probe_once(url, key, cas.get(label)):
+                    break
+                time.sleep(1)
+            else:
+                raise SystemExit(f"{label} ({url}) did not stream an answer within 60 s; see the logs under {work}")
+        # Warm-up: every prompt the runs will send, once, so each measured request meets the same prefix cache.
+        run({**probe_settings(max(levels)), "url": paths["direct"][0], "api_key": None, "ca_path": None})
         results: dict = {}
         order = list(paths.items())
+        started = time.monotonic()
         for index in range(rounds):
-            # Interleaved, so drift hits every path alike; and each round starts with the next path,
-            # so no path always runs first (or always right after the slow Python proxy).
+            # Each round starts with the next path, so no path always runs (or takes its turn) first.
             turn = order[index % len(order) :] + order[: index % len(order)]
             for level in levels:
-                for label, (url, key) in turn:
-                    proxy = proxies.get(label)
-
-                    def seconds(proxy=proxy) -> dict[str, float]:
-                        return {
-                            **machine_seconds(),
-                            "vllm": sum(server() for server in servers if server),
-                            "proxy": proxy() if proxy else 0.0,
-                            "loadgen": sum(os.times()[:2]),
-                        }
-
-                    before = seconds()
-                    summary = probe(url, level, key, ca_path=cas.get(label))
-                    # Everything the machine ran meanwhile (vLLM, the proxy, the load generator, the kernel),
-                    # per token: what one path costs, steadier than throughput on a saturated machine.
-                    tokens = max(summary["output_tokens"], 1)
-                    split = {name: (value - before[name]) * 1e6 / tokens for name, value in seconds().items()}
-                    summary["cpu_us_per_token"], summary["cpu_split"] = split["busy"], split
+                for label, summary in measure(turn, level, schedule, servers, proxies, cas).items():
                     results.setdefault((label, level), []).append(summary)
+            elapsed = time.monotonic() - started
+            left = elapsed / (index + 1) * (rounds - index - 1)
+            print(
+                f"round {index + 1}/{rounds} done, {elapsed / 60:.1f} min; about {left / 60:.0f} min left",
+                file=sys.stderr,
+                flush=True,
+            )
         machine = f"{os.cpu_count()} CPUs ({os.uname().machine})"
         print(f"\nmachine: {machine}, vLLM CPU build (tiny model), Nginx and the load generator on it")
         if layout == "split":
             print(f"layout: split, vLLM on CPU {engine_set}; Nginx, the Python proxy and the load generator on CPU {client_set}")
         else:
             print(f"layout: shared (a stress record), everything on CPU {engine_set}: proxy CPU comes out of vLLM's")
-        print(f"streams: {PROMPT_TOKENS}-token prompts, {MAX_TOKENS} output tokens; rounds: {rounds} (median, min-max)\n")
+        print(f"streams: {PROMPT_TOKENS}-token prompts, {MAX_TOKENS} output tokens; rounds: {rounds} (median, min-max)")
+        if schedule == "mixed":
+            print("schedule: mixed, every path's requests interleaved in one run per round and concurrency (same load,\n"
+                  "  same moments, same prompts); tok/s is c x the mean speed of the path's own streams\n")  # fmt: skip
+        else:
+            print("schedule: sequential, one run per path, interleaved round by round; tok/s is each run's throughput\n")
         print(f"Nginx (gpubox): the nginx_proxy role's site, worker_processes {workers}")
-        print("ratios to direct: per round (paths interleaved), median (min-max)\n")
+        if recipe:
+            print("Nginx (recipe): scripts/bench/recipe-nginx.conf, the published blog config (workers auto, keepalive 32)")
+        print("ratios to direct: per round, median (min-max)\n")
         print(
             f"{'path':<22}{'c':>4}{'TTFT p50 ms':>22}{'tok/s':>22}{'TTFT vs direct':>22}{'tok/s vs direct':>22}"
             f"{'CPU us/tok':>12}{'CPU vs direct':>22}  buffering"
@@ -445,31 +584,37 @@ def print_tails(results: dict, levels: list[int], labels: list[str]) -> None:
 
 
 def target_rows(results: dict, levels: list[int], layout: str) -> list[dict]:
-    """Issue 20's targets, one row each: the path, the concurrency, what, the median per-round ratio, its ~95%
-    interval, the bound and the verdict. The proxy-CPU target compares the path's proxy with the Python one."""
+    """Issue 20's targets, one row each: the path, the concurrency, what, against which path, the median per-round
+    ratio, its ~95% interval, the bound and the verdict.
+
+    Split layout (the targets): TTFT p50, tok/s and TTFT p99 against direct; the proxy's CPU per token against the
+    Python proxy's and the recipe's. Shared layout (the stress record): tok/s against the recipe's Nginx.
+    """
     rows = []
     for label in (NGINX, NGINX_TLS):
         for level in levels:
             if (label, level) not in results:
                 continue
-            runs, direct = results[(label, level)], results[("direct", level)]
-            checks = [(name, ratios(runs, direct, metric), bound, at_most) for name, metric, bound, at_most in TARGETS]
-            if (PYTHON, level) in results:
-                checks.append(
-                    ("proxy CPU vs Python", ratios(runs, results[(PYTHON, level)], "proxy_cpu"), PROXY_CPU_VS_PYTHON, True)
-                )
-            for name, per_round, bound, at_most in checks:
+            runs = results[(label, level)]
+            if layout == "shared":
+                checks = [("tok/s", "tps", RECIPE, TPS_VS_RECIPE_SHARED, False)]
+            else:
+                checks = [(name, metric, "direct", bound, at_most) for name, metric, bound, at_most in TARGETS]
+                checks += [("proxy CPU", "proxy_cpu", PYTHON, PROXY_CPU_VS_PYTHON, True)]
+                checks += [("proxy CPU", "proxy_cpu", RECIPE, PROXY_CPU_VS_RECIPE, True)]
+            for name, metric, against, bound, at_most in checks:
+                if (against, level) not in results:
+                    continue
+                per_round = ratios(runs, results[(against, level)], metric)
                 interval = median_interval(per_round)
                 rows.append(
                     {
-                        "path": label, "c": level, "what": name, "ratio": statistics.median(per_round),
+                        "path": label, "c": level, "what": name, "against": against, "ratio": statistics.median(per_round),
                         "interval": interval, "bound": bound, "at_most": at_most,
                         "verdict": verdict(interval, bound, at_most, len(per_round)),
+                        "rounds_to_decide": rounds_to_decide(per_round, bound),
                     }
                 )  # fmt: skip
-    if layout == "shared":
-        for row in rows:
-            row["verdict"] = f"{row['verdict']} (shared layout: a stress record, the targets are for split)"
     return rows
 
 
@@ -479,13 +624,17 @@ def print_targets(results: dict, levels: list[int], layout: str = "split") -> No
     "met" or "missed" only when the whole interval is on one side of the target; else "undecided":
     the rounds do not tell, on this machine, which side the true ratio is on.
     """
-    print("\ntargets (median per-round ratio [~95% interval of the median]), against direct unless named")
+    where = "engine on its own CPUs" if layout == "split" else "shared layout, the stress record"
+    print(f"\ntargets ({where}): median per-round ratio [~95% interval of the median]")
     for row in target_rows(results, levels, layout):
         low, high = row["interval"]
         sign = "<=" if row["at_most"] else ">="
+        what = f"{row['what']} vs {row['against']}"
+        needed = row["rounds_to_decide"]
+        hint = f" (about {needed} rounds at this spread)" if row["verdict"] == "undecided" and needed else ""
         print(
-            f"  {row['path']:<22}c={row['c']:<3} {row['what']:<20}{row['ratio']:.2f}x [{low:.2f}-{high:.2f}] "
-            f"{sign} {row['bound']:.2f}: {row['verdict']}"
+            f"  {row['path']:<22}c={row['c']:<3} {what:<32}{row['ratio']:.2f}x [{low:.2f}-{high:.2f}] "
+            f"{sign} {row['bound']:.2f}: {row['verdict']}{hint}"
         )
 
 

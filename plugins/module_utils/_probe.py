@@ -272,19 +272,39 @@ def target_for(url: str, api_key: str | None, verify: bool, ca_path: str | None,
     }
 
 
-async def _run(settings: dict) -> tuple[list[dict], float]:
-    target = target_for(
-        settings["url"], settings.get("api_key"), settings["validate_certs"], settings.get("ca_path"), settings["endpoint"]
-    )
+def turns(requests: int, concurrency: int, targets: int) -> list[tuple[int, int]]:
+    """(target, its prompt's index) for each of ``requests`` x ``targets`` requests, in the order they are sent.
+
+    Streams of one length started together end together, so requests go out in waves of ``concurrency``,
+    and a request's place in its wave changes its time to first token. Request ``i`` (place ``i`` mod
+    ``concurrency`` in wave ``i`` // ``concurrency``) goes to target (place + wave) mod ``targets``: each
+    target takes every place in turn, not only those of one parity. Each target's prompts are 0, 1, 2...
+    """
+    order, sent = [], [0] * targets
+    for index in range(requests * targets):
+        which = (index % concurrency + index // concurrency) % targets
+        order.append((which, sent[which]))
+        sent[which] += 1
+    return order
+
+
+async def _run(settings: dict, targets: list[dict]) -> tuple[list[list[dict]], float]:
+    """The records of each target, and the wall time; the requests are sent in the order of ``turns``.
+
+    With several targets their requests interleave under the one concurrency gate, so every target
+    meets the same server load at the same moments; each gets the same prompts, in the same order.
+    """
     gate = asyncio.Semaphore(settings["concurrency"])
     deadline = time.monotonic() + settings["max_seconds"]
-    connections = _Connections(target)
+    pools = [_Connections(target) for target in targets]
+    order = turns(settings["requests"], settings["concurrency"], len(pools))
 
-    async def one(index: int) -> dict | None:
+    async def one(index: int) -> tuple[int, dict] | None:
         async with gate:
             if time.monotonic() > deadline:
                 return None
-            text = prompt(settings["prompt_tokens"], settings["shared_prefix_tokens"], index)
+            which, nth = order[index]
+            text = prompt(settings["prompt_tokens"], settings["shared_prefix_tokens"], nth)
             body: dict = {"model": settings["model"], "max_tokens": settings["max_tokens"], "temperature": 0, "stream": True}
             body["stream_options"] = {"include_usage": True}
             if settings.get("ignore_eos"):
@@ -293,20 +313,42 @@ async def _run(settings: dict) -> tuple[list[dict], float]:
                 body["messages"] = [{"role": "user", "content": text}]
             else:
                 body["prompt"] = text
-            return await _request(connections, json.dumps(body).encode(), settings["timeout"])
+            return which, await _request(pools[which], json.dumps(body).encode(), settings["timeout"])
 
     started = time.monotonic()
     try:
-        records = await asyncio.gather(*(one(i) for i in range(settings["requests"])))
+        done = await asyncio.gather(*(one(i) for i in range(settings["requests"] * len(pools))))
     finally:
-        connections.close()
-    return [r for r in records if r is not None], time.monotonic() - started
+        for pool in pools:
+            pool.close()
+    records: list[list[dict]] = [[] for _pool in pools]
+    for which, record in (item for item in done if item is not None):
+        records[which].append(record)
+    return records, time.monotonic() - started
+
+
+def _target(settings: dict) -> dict:
+    return target_for(
+        settings["url"], settings.get("api_key"), settings["validate_certs"], settings.get("ca_path"), settings["endpoint"]
+    )
 
 
 def run(settings: dict) -> dict:
     """Send ``requests`` streamed requests at ``concurrency``; return the summary and the raw counts."""
-    records, wall = asyncio.run(_run(settings))
-    return summarize(records, wall)
+    records, wall = asyncio.run(_run(settings, [_target(settings)]))
+    return summarize(records[0], wall)
+
+
+def run_mixed(settings: dict, endpoints: list[dict]) -> list[dict]:
+    """``requests`` streamed requests to each endpoint (``url``, ``api_key``, ``ca_path``), interleaved under one
+    ``concurrency``: one summary per endpoint, in order.
+
+    Their times are comparable request by request (same load, same moments, same prompts). Each
+    summary's ``wall_s`` is the whole run's, so its ``output_tokens_per_s`` is the endpoint's share
+    of the run's throughput; ``per_stream_tokens_per_s`` is the speed its own streams got.
+    """
+    records, wall = asyncio.run(_run(settings, [_target({**settings, **endpoint}) for endpoint in endpoints]))
+    return [summarize(own, wall) for own in records]
 
 
 def table(label: str, summary: dict) -> str:

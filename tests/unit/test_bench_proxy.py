@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import random
 import re
+import shutil
 import statistics
+import subprocess
 
 import pytest
 from conftest import ROOT
@@ -45,6 +47,15 @@ def test_median_interval_covers_the_true_median_at_least_95_percent_of_the_time(
 )
 def test_verdict_needs_the_whole_interval_on_one_side(interval, bound, at_most, expected):
     assert bench.verdict(interval, bound, at_most) == expected
+
+
+def test_rounds_to_decide_scale_with_the_spread_and_the_distance_to_the_bound():
+    per_round = [0.90, 0.95, 0.97, 0.98, 0.99, 1.00, 1.00, 1.01, 1.02, 1.03, 1.10, 1.12]
+    assert bench.median_interval(per_round) == (0.97, 1.03)  # median 1.00, half-width 0.03
+    assert 47 <= bench.rounds_to_decide(per_round, 1.015) <= 49  # 0.015 from the bound: 4x the 12 rounds
+    assert 26 <= bench.rounds_to_decide(per_round, 0.98) <= 28  # 0.02 below: 2.25x
+    assert bench.rounds_to_decide(per_round, 1.10) == 12  # decided already: no fewer than were run
+    assert bench.rounds_to_decide(per_round, 1.00) is None  # on the bound: no number of rounds decides
 
 
 def test_fewer_than_six_rounds_decide_nothing():
@@ -96,28 +107,63 @@ def test_a_layout_that_cannot_be_made_is_refused(available, layout, engine, mess
 
 
 def _run(ttft, tps, ttft_p99, proxy):
-    return {
-        "ttft_ms": {"p50": ttft, "p99": ttft_p99},
-        "output_tokens_per_s": tps,
-        "cpu_split": {"proxy": proxy},
-    }
+    return {"ttft_ms": {"p50": ttft, "p99": ttft_p99}, "tok_s": tps, "cpu_split": {"proxy": proxy}}
 
 
-def test_targets_hold_both_nginx_paths_to_direct_and_their_cpu_to_the_python_proxy():
+def test_targets_hold_both_nginx_paths_to_direct_and_their_cpu_to_the_python_proxy_and_the_recipe():
     rounds = range(6)
     results = {
         ("direct", 10): [_run(100, 1000, 200, 0) for _round in rounds],
         (bench.NGINX, 10): [_run(102, 990, 210, 40) for _round in rounds],
         (bench.NGINX_TLS, 10): [_run(120, 900, 260, 50) for _round in rounds],
+        (bench.RECIPE, 10): [_run(101, 995, 205, 45) for _round in rounds],
         (bench.PYTHON, 10): [_run(110, 980, 230, 200) for _round in rounds],
     }
-    rows = {(r["path"], r["what"]): r for r in bench.target_rows(results, [10], "split")}
-    assert rows[(bench.NGINX, "TTFT p50")]["verdict"] == "met"
-    assert rows[(bench.NGINX, "tok/s")]["verdict"] == "met"
-    assert rows[(bench.NGINX, "TTFT p99")]["verdict"] == "met"
-    assert rows[(bench.NGINX, "proxy CPU vs Python")]["ratio"] == pytest.approx(0.2)
-    assert rows[(bench.NGINX, "proxy CPU vs Python")]["verdict"] == "met"
-    assert [rows[(bench.NGINX_TLS, what)]["verdict"] for what in ("TTFT p50", "tok/s", "TTFT p99")] == ["missed"] * 3
-    assert rows[(bench.NGINX_TLS, "proxy CPU vs Python")]["ratio"] == pytest.approx(0.25)
-    shared = bench.target_rows(results, [10], "shared")
-    assert all(row["verdict"].endswith("(shared layout: a stress record, the targets are for split)") for row in shared)
+    rows = {(r["path"], r["what"], r["against"]): r for r in bench.target_rows(results, [10], "split")}
+    assert len(rows) == 10  # 2 paths x (3 against direct, CPU against the Python proxy and the recipe)
+    for what in ("TTFT p50", "tok/s", "TTFT p99"):
+        assert rows[(bench.NGINX, what, "direct")]["verdict"] == "met"
+        assert rows[(bench.NGINX_TLS, what, "direct")]["verdict"] == "missed"
+    assert rows[(bench.NGINX, "proxy CPU", bench.PYTHON)]["ratio"] == pytest.approx(0.2)
+    assert rows[(bench.NGINX, "proxy CPU", bench.PYTHON)]["verdict"] == "met"
+    assert rows[(bench.NGINX_TLS, "proxy CPU", bench.PYTHON)]["ratio"] == pytest.approx(0.25)
+    assert rows[(bench.NGINX, "proxy CPU", bench.RECIPE)]["verdict"] == "met"  # 40 against 45
+    assert rows[(bench.NGINX_TLS, "proxy CPU", bench.RECIPE)]["verdict"] == "missed"  # 50 against 45
+
+
+def test_the_shared_layout_holds_throughput_to_the_recipe_only():
+    rounds = range(6)
+    results = {
+        ("direct", 50): [_run(100, 1000, 200, 0) for _round in rounds],
+        (bench.NGINX, 50): [_run(150, 980, 300, 40) for _round in rounds],
+        (bench.RECIPE, 50): [_run(100, 1000, 200, 45) for _round in rounds],
+    }
+    rows = bench.target_rows(results, [50], "shared")
+    assert [(r["path"], r["what"], r["against"], r["verdict"]) for r in rows] == [(bench.NGINX, "tok/s", bench.RECIPE, "met")]
+    results[(bench.NGINX, 50)] = [_run(100, 900, 200, 40) for _round in rounds]
+    assert [r["verdict"] for r in bench.target_rows(results, [50], "shared")] == ["missed"]
+    del results[(bench.RECIPE, 50)]
+    assert bench.target_rows(results, [50], "shared") == []  # RECIPE=0: nothing to hold it to
+
+
+def test_a_variant_adds_one_directive_to_the_serving_server_block():
+    site = (
+        "server {\n    listen 80;\n    server_tokens off;\n    return 301 x;\n}\n"
+        "server {\n    listen 443 ssl;\n    server_tokens off;\n    default_type application/json;\n}\n"
+    )
+    changed = bench.with_directive(site, "ssl_buffer_size 4k;")
+    assert "    default_type application/json;\n    ssl_buffer_size 4k;\n}" in changed
+    assert changed.count("ssl_buffer_size") == 1
+    with pytest.raises(SystemExit, match="no single 'default_type application/json;' line"):
+        bench.with_directive(site.replace("default_type application/json", "default_type text/plain"), "ssl_buffer_size 4k")
+
+
+def test_the_recipe_config_is_one_nginx_accepts(tmp_path):
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    conf = bench.recipe_conf(tmp_path, "127.0.0.1:9", 18399)
+    text = conf.read_text()
+    assert "@" not in text  # every placeholder filled in
+    for setting in ("worker_processes auto;", "keepalive 32;", "proxy_buffering off;", 'proxy_set_header Connection "";'):
+        assert setting in text
+    checked = subprocess.run([nginx, "-t", "-c", str(conf)], capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stderr

@@ -9,7 +9,7 @@ import json
 import pytest
 from nginx_server import asyncio_server, paced_upstream
 
-from ansible_collections.gpubox.inference.plugins.module_utils._probe import percentile, prompt, run, summarize
+from ansible_collections.gpubox.inference.plugins.module_utils._probe import percentile, prompt, run, run_mixed, summarize, turns
 
 
 def record(start: float, first: float, gap: float, tokens: int, status: int = 200) -> dict:
@@ -78,8 +78,9 @@ def _settings(port: int, requests: int, concurrency: int) -> dict:
     }  # fmt: skip
 
 
-def _keep_alive_server(chunked: bool, opened: list):
-    """An SSE server that answers any number of requests on one connection, chunked or with a Content-Length."""
+def _keep_alive_server(chunked: bool, opened: list, seen: list | None = None, name: str = ""):
+    """An SSE server that answers any number of requests on one connection, chunked or with a Content-Length;
+    with ``seen``, it appends (``name``, the prompt) for every request, in the order they came."""
 
     async def handle(reader, writer):
         opened.append(writer)
@@ -89,7 +90,9 @@ def _keep_alive_server(chunked: bool, opened: list):
             except asyncio.IncompleteReadError:
                 break
             length = next(h for h in head.decode().split("\r\n") if h.lower().startswith("content-length"))
-            await reader.readexactly(int(length.split(":")[1]))
+            request = json.loads(await reader.readexactly(int(length.split(":")[1])))
+            if seen is not None:
+                seen.append((name, request["messages"][0]["content"]))
             events = [{"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]} for i in range(3)]
             body = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
             if chunked:
@@ -120,3 +123,33 @@ def test_a_connection_the_server_closed_is_replaced_without_an_error():
         summary = run(_settings(port, requests=6, concurrency=2))
     assert summary["succeeded"] == 6, summary["errors"]
     assert summary["errors"] == {}
+
+
+def test_a_mixed_run_interleaves_the_endpoints_with_the_same_prompts():
+    """run_mixed: each endpoint gets ``requests`` requests, the same prompts in the same order, taking turns."""
+    seen: list = []
+    with (
+        asyncio_server(_keep_alive_server(True, [], seen, "a")) as a,
+        asyncio_server(_keep_alive_server(False, [], seen, "b")) as b,
+    ):
+        settings = _settings(a, requests=5, concurrency=1)
+        summaries = run_mixed(settings, [{"url": f"http://127.0.0.1:{port}/v1"} for port in (a, b)])
+    assert [s["succeeded"] for s in summaries] == [5, 5]
+    assert [s["output_tokens"] for s in summaries] == [15, 15]
+    assert [name for name, _text in seen] == ["a", "b"] * 5  # one stream: they take turns
+    assert [text for name, text in seen if name == "a"] == [text for name, text in seen if name == "b"]
+    assert len({text for _name, text in seen}) == 5
+    assert summaries[0]["wall_s"] == summaries[1]["wall_s"]  # one run, one wall clock
+
+
+@pytest.mark.parametrize(("requests", "concurrency", "targets"), [(60, 10, 6), (24, 1, 5), (300, 50, 6), (12, 4, 2)])
+def test_turns_give_every_target_every_place_in_a_wave_and_the_same_prompts(requests, concurrency, targets):
+    order = turns(requests, concurrency, targets)
+    assert len(order) == requests * targets
+    places: dict = {}
+    for index, (which, _nth) in enumerate(order):
+        places.setdefault(which, set()).add(index % concurrency)
+    # Sent i mod targets, two targets would split a wave's places by parity whenever both numbers are even.
+    assert all(seen == set(range(concurrency)) for seen in places.values())
+    for which in range(targets):
+        assert [nth for target, nth in order if target == which] == list(range(requests))
