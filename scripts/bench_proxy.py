@@ -19,14 +19,15 @@ Schedule: with the split layout, each round sends every path's requests in one r
 (request i to path i mod n, the same prompts to each), so all paths meet the same engine load at the same moments
 and drift between runs cancels; SCHEDULE=sequential (the shared layout's default) runs one path at a time.
 
-Usage: make bench-proxy   (ROUNDS=7 CONCURRENCY=1,10,50 by default; Nginx runs the role's default
+Usage: make bench-proxy   (ROUNDS=12 CONCURRENCY=1,10,50 by default, about 30 minutes; Nginx runs the role's default
        nginx_proxy_worker_processes, or WORKERS; EXTRA_WORKERS=N|auto adds the same site with N workers
        as one more path; VARIANT='directive value' adds the role's site (TLS, or plain with TLS=0) with that
        directive in its server block, the A/B of one setting; UDS=1 adds the same site in front of a second,
        identical vLLM on a Unix socket; BRIDGE=1 adds a second, identical vLLM on Docker's bridge network with its
        port published on 127.0.0.1, as the vllm role deploys it with vllm_network_mode=bridge: docker-proxy relays
        that port; PYTHON_PROXY=0, RECIPE=0 and TLS=0 leave those paths out; REQUESTS_PER_STREAM=N (6) sets how
-       long each run is; CROSS_CHECK_ROUNDS=0 skips the cross-check)
+       long each run is; AA=1 adds direct a second time, the A/A control whose ratios are the run's noise floor;
+       CROSS_CHECK_ROUNDS=0 skips the cross-check)
 
 vLLM runs on the host's network, as the vllm role deploys it by default (vllm_network_mode=host).
 """
@@ -268,7 +269,7 @@ def with_directive(site: str, directive: str) -> str:
     """The role's rendered site with ``directive`` added to the server block that serves (the one with default_type)."""
     anchor = "    default_type application/json;\n"
     if site.count(anchor) != 1:
-        raise SystemExit("VARIANT: the rendered site has no single 'default_type application/json;' line to add the directive after")
+        raise SystemExit("VARIANT: the rendered site has no single 'default_type application/json;' line to follow")
     return site.replace(anchor, f"{anchor}    {directive.strip().rstrip(';')};\n")
 
 
@@ -364,7 +365,7 @@ def measure(turn: list, level: int, schedule: str, servers: list, proxies: dict,
 
 
 def main() -> None:
-    rounds = int(os.environ.get("ROUNDS", "7"))
+    rounds = int(os.environ.get("ROUNDS", "12"))
     levels = [int(c) for c in os.environ.get("CONCURRENCY", "1,10,50").split(",")]
     image = sh(str(ROOT / "scripts" / "vllm-test-image.sh"))
     names = {
@@ -409,6 +410,9 @@ def main() -> None:
             "direct": (f"http://127.0.0.1:{VLLM_PORT}/v1", None),
             NGINX: (f"http://127.0.0.1:{NGINX_PORT}/v1", KEY),
         }
+        if os.environ.get("AA") == "1":
+            # The A/A control: direct again, as one more path. Its ratios to direct are the run's noise floor.
+            paths["direct (A/A)"] = paths["direct"]
         cas: dict[str, str] = {}  # the CA a TLS path's probe trusts: the role's self-signed certificate
         # Where each path's CPU goes: the vLLM server(s), the path's proxy and this process (the load generator).
         servers = [container_seconds(names["vllm"])]
