@@ -16,8 +16,9 @@ container runs on its own CPUs (ENGINE_CPUS, by default the first half of this p
 everything on every CPU, the stress record where proxy CPU comes out of vLLM's.
 
 Schedule: with the split layout, each round sends every path's requests in one run per concurrency, interleaved
-(request i to path i mod n, the same prompts to each), so all paths meet the same engine load at the same moments
-and drift between runs cancels; SCHEDULE=sequential (the shared layout's default) runs one path at a time.
+(the paths take turns at every place in each wave of requests, _probe.turns; the same prompts to each), so all paths
+meet the same engine load at the same moments and drift between runs cancels; SCHEDULE=sequential (the shared
+layout's default) runs one path at a time.
 
 Usage: make bench-proxy   (ROUNDS=12 CONCURRENCY=1,10,50 by default, about 30 minutes; Nginx runs the role's default
        nginx_proxy_worker_processes, or WORKERS; EXTRA_WORKERS=N|auto adds the same site with N workers
@@ -328,8 +329,8 @@ def measure(turn: list, level: int, schedule: str, servers: list, proxies: dict,
     def split(before: dict, after: dict, tokens: int, own: dict[str, int]) -> dict[str, dict]:
         delta = {name: (after[name] - before[name]) * 1e6 for name in after}
         proxied = sum(delta[label] for label in proxies)
-        common = {name: delta[name] / tokens for name in ("busy", "softirq", "vllm", "loadgen")}
-        common["busy"] = (delta["busy"] - proxied) / tokens
+        common = {name: delta[name] / tokens for name in ("softirq", "vllm", "loadgen")}
+        common["busy"] = (delta["busy"] - proxied) / tokens  # the machine's, less every proxy's
         out = {}
         for label, count in own.items():
             mine = delta[label] / max(count, 1) if label in proxies else 0.0

@@ -167,3 +167,23 @@ def test_the_recipe_config_is_one_nginx_accepts(tmp_path):
         assert setting in text
     checked = subprocess.run([nginx, "-t", "-c", str(conf)], capture_output=True, text=True, check=False)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_a_mixed_round_shares_the_machine_out_per_token_and_gives_each_path_its_own_proxy(monkeypatch):
+    """Machine 1.0 s busy over 1000 tokens, 0.1 s of it the Nginx's and 0.3 s the Python proxy's; each path 250 tokens."""
+    clock = iter([{"busy": 0.0, "softirq": 0.0}, {"busy": 1.0, "softirq": 0.02}])
+    monkeypatch.setattr(bench, "machine_seconds", lambda: next(clock))
+    vllm, nginx, python = iter([0.0, 0.5]), iter([0.0, 0.1]), iter([0.0, 0.3])
+    summary = {"output_tokens": 250, "per_stream_tokens_per_s": {"mean": 40.0}}
+    monkeypatch.setattr(bench, "run_mixed", lambda settings, endpoints: [dict(summary) for _endpoint in endpoints])
+    turn = [(label, ("http://x/v1", None)) for label in ("direct", bench.NGINX, bench.PYTHON, bench.RECIPE)]
+    proxies = {bench.NGINX: lambda: next(nginx), bench.PYTHON: lambda: next(python), bench.RECIPE: lambda: 0.0}
+    results = bench.measure(turn, 10, "mixed", [lambda: next(vllm)], proxies, {})
+    direct, nginx_path, python_path = results["direct"], results[bench.NGINX], results[bench.PYTHON]
+    assert direct["tok_s"] == 400.0  # c x the mean speed of the path's own streams
+    assert direct["cpu_split"]["vllm"] == pytest.approx(500.0)  # 0.5 s over all 1000 tokens, in us per token
+    assert direct["cpu_split"]["proxy"] == 0.0
+    assert direct["cpu_us_per_token"] == pytest.approx(600.0)  # (1.0 - 0.4 s of proxies) over 1000 tokens
+    assert nginx_path["cpu_split"]["proxy"] == pytest.approx(400.0)  # its 0.1 s over its own 250 tokens
+    assert nginx_path["cpu_us_per_token"] == pytest.approx(1000.0)
+    assert python_path["cpu_split"]["proxy"] == pytest.approx(1200.0)
