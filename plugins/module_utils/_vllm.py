@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpubox.inference.plugins.module_utils import _hub, _p2p, _preflight
+from ansible_collections.gpubox.inference.plugins.module_utils import _gate, _hub, _p2p, _preflight, _topology
 from ansible_collections.gpubox.inference.plugins.module_utils._words import explain
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "auto": 2}
@@ -199,6 +199,11 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("cpu_kvcache_gib") or 1)
         decisions["VLLM_CPU_KVCACHE_SPACE"] = {"code": "cpu_kvcache"}
+        cpus = int(settings.get("cpu_count") or 0)
+        if tp > 1 and cpus >= tp:
+            # vLLM binds each CPU worker to one NUMA node unless told; split the CPUs evenly instead.
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(cpus, tp)
+            decisions["VLLM_CPU_OMP_THREADS_BIND"] = {"code": "cpu_threads_bind", "cpus": cpus, "workers": tp}
 
     for key, value in (settings.get("env") or {}).items():
         env[key] = str(value)
@@ -243,7 +248,7 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     if settings["device"] == "cuda":
         args += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
     else:
-        args += ["--distributed-executor-backend", "uni"]
+        args += ["--distributed-executor-backend", "uni" if tp * settings["pipeline_parallel_size"] == 1 else "mp"]
     for flag, key in (
         ("--max-model-len", "max_model_len"),
         ("--max-num-batched-tokens", "max_num_batched_tokens"),
@@ -283,6 +288,17 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
             + ". Fix the hardware, or set vllm_allow_downgrade=true to redeploy with less"
         )
     estimate = None if errors else kv_cache_estimate(settings, facts, model_config, tp, weights_bytes)
+    gate = gate_plan(settings, facts, args, env, tp, model_config, weights_bytes)
+    chosen = gate["chosen"]
+    if chosen and chosen["step"] != "as_planned":
+        step = next(s for s in gate["steps"] if s["name"] == chosen["step"])
+        args, env = step["args"], step["env"]
+        for setting in step["changes"]:
+            decisions[setting] = chosen
+    elif chosen:
+        decisions["gate"] = chosen
+    deployed["gate_step"] = chosen["step"] if chosen else "as_planned"
+    deployed["nccl_p2p_disable"] = env.get("NCCL_P2P_DISABLE") == "1"
     warnings = [f"downgraded after the GPU change: {item}" for item in lost] if settings.get("allow_downgrade") else []
     sequences = (estimate or {}).get("concurrent_sequences")
     if sequences is not None and sequences < settings.get("min_concurrent_sequences", 1):
@@ -300,8 +316,103 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         "errors": errors,
         "warnings": warnings,
         "kv_cache": estimate,
+        "gate": gate,
         # What the role stores once deployed; the next run's facts["previous"].
         "record": deployed,
+    }
+
+
+def cpu_binding(cpus: int, workers: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for ``workers`` CPU workers over CPUs 0..cpus-1, in even contiguous shares."""
+    share = cpus // workers
+    ranges = [(w * share, w * share + share - 1) for w in range(workers)]
+    return "|".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def _consumer_over_pcie(facts: dict, size: int) -> bool:
+    """GeForce or TITAN cards, and some pair of the deployed GPUs not joined by NVLink."""
+    devices = ((facts.get("gpu") or {}).get("devices") or [])[:size]
+    consumer = any(("GeForce" in str(d.get("name"))) or ("TITAN" in str(d.get("name"))) for d in devices)
+    names = {f"GPU{index}" for index in range(size)}
+    pairs = [p for p in (facts.get("preflight") or {}).get("pairs") or [] if set(p["gpus"]) <= names]
+    return consumer and any(_topology.link_class(p["link"]) != "NVLINK" for p in pairs)
+
+
+def _with_arg(args: list[str], flag: str) -> list[str]:
+    return args if flag in args else [*args, flag]
+
+
+def _reference(settings: dict, facts: dict, args: list[str], env: dict, tp: int, model_config, weights_bytes) -> dict | None:
+    """The known-safe configuration the gate's reference answers come from; None when the plan is that one.
+
+    One GPU (or one CPU worker) when the model fits it, else the same size with custom all-reduce and P2P off.
+    """
+    size = tp * settings["pipeline_parallel_size"]
+    if size == 1:
+        return None
+    fits_one = settings["device"] == "cpu"
+    if not fits_one and settings["pipeline_parallel_size"] == 1:
+        one = kv_cache_estimate(settings, facts, model_config, 1, weights_bytes)
+        fits_one = bool(one and one["kv_cache_tokens"] > 0 and (one["concurrent_sequences"] or 0) >= 1)
+    if fits_one:
+        single = [*args]
+        position = single.index("--tensor-parallel-size") if "--tensor-parallel-size" in single else -1
+        if position >= 0:
+            single[position + 1] = "1"
+        if "--distributed-executor-backend" in single:
+            single[single.index("--distributed-executor-backend") + 1] = "uni"
+        single = [a for a in single if a != "--disable-custom-all-reduce"]
+        quiet = {k: v for k, v in env.items() if not k.startswith("NCCL_P2P") and k != "VLLM_CPU_OMP_THREADS_BIND"}
+        unit = "GPU" if settings["device"] == "cuda" else "CPU worker"
+        return {"code": "gate.reference_one", "unit": unit, "tensor_parallel_size": 1, "gpus": 1, "args": single, "env": quiet}
+    return {
+        "code": "gate.reference_no_p2p",
+        "tensor_parallel_size": tp,
+        "gpus": size,
+        "args": _with_arg(args, "--disable-custom-all-reduce"),
+        "env": {**env, "NCCL_P2P_DISABLE": "1"},
+    }
+
+
+def gate_plan(settings: dict, facts: dict, args: list[str], env: dict, tp: int, model_config=None, weights_bytes=None) -> dict:
+    """The correctness gate's part of the plan: the key, the reference configuration, the fallback steps.
+
+    Steps, in order: as planned; without custom all-reduce (when the plan has it on and tp > 1);
+    without P2P (NCCL_P2P_DISABLE=1, custom all-reduce off) when P2P is on. On consumer GPUs over
+    PCIe the first two are both measured (``compare``) and custom all-reduce is kept only when it
+    passed and was faster. ``chosen`` is what the stored verdicts for this key decided, if any.
+    """
+    size = tp * settings["pipeline_parallel_size"]
+    steps = [{"name": "as_planned", "args": args, "env": env, "changes": []}]
+    car_on = size > 1 and "--disable-custom-all-reduce" not in args
+    if car_on:
+        steps.append(
+            {"name": "no_custom_all_reduce", "args": _with_arg(args, "--disable-custom-all-reduce"), "env": env,
+             "changes": ["--disable-custom-all-reduce"]}
+        )  # fmt: skip
+    if size > 1 and env.get("NCCL_P2P_DISABLE") != "1":
+        steps.append(
+            {"name": "no_p2p", "args": _with_arg(args, "--disable-custom-all-reduce"), "env": {**env, "NCCL_P2P_DISABLE": "1"},
+             "changes": ["--disable-custom-all-reduce", "NCCL_P2P_DISABLE"] if car_on else ["NCCL_P2P_DISABLE"]}
+        )  # fmt: skip
+    if car_on and settings["device"] == "cuda" and _consumer_over_pcie(facts, size):
+        for step in steps[:2]:
+            step["compare"] = True
+    hub = facts.get("hub") or {}
+    image = f"{settings.get('image', '')}:{settings.get('image_tag', '')}"
+    revision = hub.get("commit") or (settings.get("model_revision") if _hub_id(settings) else None)
+    store_key = _gate.key((facts.get("gpu") or {}).get("fingerprint"), settings["model"], revision, image)
+    stored = ((facts.get("gate_store") or {}).get(store_key)) or {}
+    results = stored.get("results") or {}
+    chosen = _gate.choose(steps, results) if results and stored.get("reference") else None
+    return {
+        "key": store_key,
+        "enabled": bool(settings.get("gate", True)),
+        "reference": _reference(settings, facts, args, env, tp, model_config, weights_bytes),
+        "steps": steps,
+        "stored": stored,
+        "chosen": chosen,
+        "size": size,
     }
 
 

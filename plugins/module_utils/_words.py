@@ -124,12 +124,52 @@ TEMPLATES = {
     "start.answered": "{project}: /v1/models answered after {elapsed}",
     "start.timeout": "vLLM did not answer on {url} within vllm_wait_timeout={timeout} s; its last log lines: {log}",
     "start.exited": "vLLM's container {status} (exit code {rc}) before it answered on {url}; its last log lines: {log}",
+    # The correctness gate (_gate, _vllm.gate_plan, vllm_answer_check).
+    "cpu_threads_bind": "{workers} CPU workers share the {cpus} CPUs evenly (vLLM binds one worker per NUMA node otherwise)",
+    "gate.passed": "the correctness gate passed with the configuration {step}",
+    "gate.fallback": "the correctness gate failed with {failed} and passed with {step}",
+    "gate.faster": (
+        "the correctness gate passed with both; {kept} measured {kept_tokens_per_s:.0f} tokens/s against "
+        "{other_tokens_per_s:.0f} with {other}, so it is kept"
+    ),
+    "gate.reference_one": "the reference answers come from one {unit} (the model fits it), custom all-reduce off",
+    "gate.reference_no_p2p": (
+        "the reference answers come from {gpus} GPUs with custom all-reduce and P2P off (NCCL_P2P_DISABLE=1)"
+    ),
+    "gate.empty": "the answer is empty",
+    "gate.repeated": "one token ({token!r}) is {count} of its {tokens} tokens",
+    "gate.bang_run": "the answer is a run of '!' (what a broken all-reduce produces)",
+    "gate.replacement": "the answer is a run of replacement characters (broken output)",
+    "gate.bad_logprob": "a logprob is {value} (NaN or infinite)",
+    "gate.disagrees": (
+        "{agreeing} of {prompts} prompts agree with the reference on their first {tokens} tokens (at least {needed} must)"
+    ),
+    "gate.not_started": "the server did not start: {reason}",
+    "gate.failed": (
+        "no configuration passed the correctness gate ({results}); the server answers wrong text on this box. "
+        "Evidence: {evidence}"
+    ),
     "hub.fetch_failed": "downloading {model} at {commit} from {endpoint} failed (exit code {rc}); its last lines: {log}",
 }
 
 
+# The correctness gate's configurations (_vllm.gate_plan's steps), in words.
+STEPS = {
+    "as_planned": "as planned",
+    "no_custom_all_reduce": "custom all-reduce off (--disable-custom-all-reduce)",
+    "no_p2p": "P2P off (NCCL_P2P_DISABLE=1, custom all-reduce off)",
+}
+
+
 def say(code: str, **fields) -> str:
-    """The words for ``code`` with its fields; a status inside ``fields`` is rendered through its own template."""
+    """The words for ``code`` with its fields; a status inside ``fields`` is rendered through its own template.
+
+    Gate step names (``step``, ``kept``, ``other``, ``failed``) are rendered as ``STEPS`` says; lists are joined.
+    """
+    for name in ("step", "kept", "other", "failed"):
+        if name in fields:
+            value = fields[name]
+            fields[name] = ", then ".join(STEPS.get(v, v) for v in value) if isinstance(value, list) else STEPS.get(value, value)
     if "status" in fields and f"p2p.{fields['status']}" in TEMPLATES:
         fields.setdefault("status_words", TEMPLATES[f"p2p.{fields['status']}"])
     return TEMPLATES[code].format(**fields)

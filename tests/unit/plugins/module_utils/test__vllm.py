@@ -323,6 +323,7 @@ def test_the_record_is_what_the_next_run_compares_with():
         "fingerprint": "abc",
         "model_revision": "main",
         "model_commit": None,
+        "gate_step": "as_planned",
     }
     assert plan(settings(), {"gpu": gpus(2), "gpu_p2p": {"decisions": BROKEN}}, LLAMA_8B)["record"]["nccl_p2p_disable"]
 
@@ -493,3 +494,128 @@ def test_what_an_image_or_a_driver_does_not_say_is_not_judged(env, driver):
 
 def test_the_requirement_is_read_from_its_own_variable():
     assert cuda_required(["OTHER=cuda>=99.0", "NVIDIA_REQUIRE_CUDA=cuda>=13.0 brand=unknown"]) == "13.0"
+
+
+# ------------------------------------------------------------ the correctness gate's part
+
+LLAMA_70B = {**LLAMA_8B, "num_hidden_layers": 80, "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64}
+
+
+def names(result: dict) -> list[str]:
+    return [step["name"] for step in result["gate"]["steps"]]
+
+
+def test_one_gpu_is_its_own_reference_and_has_no_fallback():
+    result = plan(settings(), {"gpu": gpus(1)}, LLAMA_8B)
+    assert result["gate"]["reference"] is None
+    assert names(result) == ["as_planned"]
+    assert result["gate"]["chosen"] is None
+    assert result["record"]["gate_step"] == "as_planned"
+
+
+def test_two_gpus_with_p2p_fall_back_to_no_custom_all_reduce_then_no_p2p():
+    result = plan(settings(), {"gpu": gpus(2), "gpu_p2p": measured(2)}, LLAMA_8B)
+    steps = {step["name"]: step for step in result["gate"]["steps"]}
+    assert list(steps) == ["as_planned", "no_custom_all_reduce", "no_p2p"]
+    assert "--disable-custom-all-reduce" not in steps["as_planned"]["args"]
+    assert "--disable-custom-all-reduce" in steps["no_custom_all_reduce"]["args"]
+    assert "NCCL_P2P_DISABLE" not in steps["no_custom_all_reduce"]["env"]
+    assert steps["no_p2p"]["env"]["NCCL_P2P_DISABLE"] == "1"
+    assert "--disable-custom-all-reduce" in steps["no_p2p"]["args"]
+    assert not any(step.get("compare") for step in steps.values())
+
+
+def test_the_reference_is_one_gpu_when_the_model_fits_one():
+    """Llama 3.1 8B (16 GB) on 24 GiB cards leaves KV cache for a few sequences: one GPU answers for reference."""
+    result = plan(settings(), {"gpu": gpus(2), "gpu_p2p": measured(2)}, LLAMA_8B, weights_bytes=16_060_000_000)
+    reference = result["gate"]["reference"]
+    assert reference["code"] == "gate.reference_one"
+    assert reference["tensor_parallel_size"] == 1
+    assert flag(reference, "--tensor-parallel-size") == "1"
+    assert not any(key.startswith("NCCL_P2P") for key in reference["env"])
+
+
+def test_the_reference_of_a_model_too_big_for_one_gpu_is_nccl_without_p2p():
+    result = plan(settings(), {"gpu": gpus(4, mib=81920), "gpu_p2p": measured(4)}, LLAMA_70B, weights_bytes=141_000_000_000)
+    reference = result["gate"]["reference"]
+    assert reference["code"] == "gate.reference_no_p2p"
+    assert flag(reference, "--tensor-parallel-size") == "4"
+    assert reference["env"]["NCCL_P2P_DISABLE"] == "1"
+    assert "--disable-custom-all-reduce" in reference["args"]
+    assert _words.explain({k: v for k, v in reference.items() if k not in ("args", "env")}).startswith(
+        "the reference answers come from 4 GPUs with custom all-reduce and P2P off"
+    )
+
+
+def test_p2p_already_off_leaves_no_fallback():
+    """ACS redirects P2P: NCCL_P2P_DISABLE and no custom all-reduce are the plan; nothing safer is left."""
+    facts = {"gpu": gpus(2), "preflight": preflight(2, hanging=((0, 1),))}
+    result = plan(settings(), facts, LLAMA_8B)
+    assert names(result) == ["as_planned"]
+
+
+def consumer(count: int, link: str = "PHB") -> dict:
+    devices = [{"memory_total_mib": 24576, "name": "NVIDIA GeForce RTX 3090"} for _gpu in range(count)]
+    report = preflight(count)
+    report["pairs"] = [{**pair, "link": link} for pair in report["pairs"]]
+    return {"gpu": {**gpus(count), "devices": devices}, "gpu_p2p": measured(count), "preflight": report}
+
+
+def test_geforce_over_pcie_measures_custom_all_reduce_against_nccl():
+    result = plan(settings(), consumer(2), LLAMA_8B)
+    assert [step.get("compare", False) for step in result["gate"]["steps"]] == [True, True, False]
+
+
+def test_geforce_over_nvlink_does_not():
+    result = plan(settings(), consumer(2, link="NV4"), LLAMA_8B)
+    assert not any(step.get("compare") for step in result["gate"]["steps"])
+
+
+def stored(result: dict, results: dict) -> dict:
+    return {result["gate"]["key"]: {"reference": {"answers": []}, "results": results}}
+
+
+def test_a_stored_fallback_is_deployed_and_says_why():
+    facts = {"gpu": {**gpus(2), "fingerprint": "fp"}, "gpu_p2p": measured(2)}
+    first = plan(settings(image="vllm/vllm-openai", image_tag="v0.32.0"), facts, LLAMA_8B)
+    store = stored(first, {"as_planned": {"passed": False}, "no_custom_all_reduce": {"passed": True}})
+    again = plan(settings(image="vllm/vllm-openai", image_tag="v0.32.0"), {**facts, "gate_store": store}, LLAMA_8B)
+    assert "--disable-custom-all-reduce" in again["args"]
+    assert again["record"]["gate_step"] == "no_custom_all_reduce"
+    assert again["reasons"]["--disable-custom-all-reduce"] == (
+        "the correctness gate failed with as planned and passed with custom all-reduce off (--disable-custom-all-reduce)"
+    )
+    # A new image is a new key: nothing stored applies, the plan starts over.
+    newer = plan(settings(image="vllm/vllm-openai", image_tag="v0.33.0"), {**facts, "gate_store": store}, LLAMA_8B)
+    assert "--disable-custom-all-reduce" not in newer["args"]
+    assert newer["gate"]["chosen"] is None
+
+
+def test_a_stored_no_p2p_is_a_p2p_change_in_the_record():
+    facts = {"gpu": {**gpus(2), "fingerprint": "fp"}, "gpu_p2p": measured(2)}
+    first = plan(settings(), facts, LLAMA_8B)
+    results = {"as_planned": {"passed": False}, "no_custom_all_reduce": {"passed": False}, "no_p2p": {"passed": True}}
+    again = plan(settings(), {**facts, "gate_store": stored(first, results)}, LLAMA_8B)
+    assert again["env"]["NCCL_P2P_DISABLE"] == "1"
+    assert again["record"]["nccl_p2p_disable"] is True
+    assert set(again["reasons"]) >= {"NCCL_P2P_DISABLE", "--disable-custom-all-reduce"}
+
+
+def test_the_cpu_backend_runs_two_workers_bound_to_their_own_cpus():
+    result = plan(settings(device="cpu", tensor_parallel_size=2, cpu_count=2), {}, LLAMA_8B)
+    assert flag(result, "--distributed-executor-backend") == "mp"
+    assert result["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    reference = result["gate"]["reference"]
+    assert reference["code"] == "gate.reference_one"
+    assert flag(reference, "--distributed-executor-backend") == "uni"
+    assert flag(reference, "--tensor-parallel-size") == "1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in reference["env"]
+    words = _words.explain({"code": reference["code"], "unit": reference["unit"]})
+    assert words.startswith("the reference answers come from one CPU worker")
+
+
+@pytest.mark.parametrize(("cpus", "workers", "binding"), [(2, 2, "0|1"), (8, 2, "0-3|4-7"), (6, 4, "0|1|2|3")])
+def test_cpu_binding_splits_the_cpus_evenly(cpus, workers, binding):
+    from ansible_collections.gpubox.inference.plugins.module_utils._vllm import cpu_binding
+
+    assert cpu_binding(cpus, workers) == binding
