@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.gpubox.inference.plugins.module_utils import _gate
 from ansible_collections.gpubox.inference.plugins.module_utils._vllm import cuda_finding, plan
 from ansible_collections.gpubox.inference.plugins.module_utils._words import explain
 
@@ -31,6 +32,7 @@ NUMBERS = {
     "min_concurrent_sequences": int,
     "port": int,
     "swap_space": int,
+    "cpu_count": int,
     "gpu_memory_utilization": float,
 }
 
@@ -58,6 +60,22 @@ def vllm_cuda_refusal(image_env, image, driver_cuda=None):
     return explain(finding) if finding else ""
 
 
+def vllm_gate_next(results, steps):
+    """The name of the correctness gate's next configuration to try, or an empty string (see its documentation)."""
+    return _gate.next_step(list(steps or []), dict(results or {})) or ""
+
+
+def vllm_gate_choice(results, steps):
+    """The configuration to keep with its reason and its words, or None (see vllm_gate_next's documentation)."""
+    chosen = _gate.choose(list(steps or []), dict(results or {}))
+    return {**chosen, "words": explain(chosen)} if chosen else None
+
+
 class FilterModule:
     def filters(self):
-        return {"vllm_plan": vllm_plan, "vllm_cuda_refusal": vllm_cuda_refusal}
+        return {
+            "vllm_plan": vllm_plan,
+            "vllm_cuda_refusal": vllm_cuda_refusal,
+            "vllm_gate_next": vllm_gate_next,
+            "vllm_gate_choice": vllm_gate_choice,
+        }

@@ -204,3 +204,16 @@ def choose(steps: list[dict], results: dict) -> dict | None:
     if failed:
         return {"step": first["name"], "code": "gate.fallback", "failed": failed}
     return {"step": first["name"], "code": "gate.passed"}
+
+
+def findings(verdict: dict) -> list[dict]:
+    """Why a verdict failed, as codes with fields (``_words`` renders them): each degenerate reply, then the agreement."""
+    out = [dict(f) for f in verdict.get("degenerate") or []]
+    agreement = verdict.get("agreement")
+    if agreement and agreement["share"] < agreement["min_share"]:
+        needed = math.ceil(agreement["min_share"] * agreement["prompts"] - 1e-9)
+        out.append(
+            {"code": "gate.disagrees", "agreeing": agreement["agreeing"], "prompts": agreement["prompts"],
+             "tokens": agreement["tokens"], "needed": needed}
+        )  # fmt: skip
+    return out

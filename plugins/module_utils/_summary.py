@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ansible_collections.gpubox.inference.plugins.module_utils._preflight import VERDICT_WORDS
+from ansible_collections.gpubox.inference.plugins.module_utils._words import STEPS
 
 SETTINGS_SHOWN = (
     "--tensor-parallel-size",
@@ -103,6 +104,13 @@ def _vllm_lines(vllm: dict) -> list[str]:
             decided.append(f"{key}{'=' + value if value else ''} ({reasons[key]})")
     if decided:
         lines.append("Decided: " + "; ".join(decided))
+    gate = vllm.get("gate") or {}
+    if gate.get("words"):
+        lines.append(f"Correctness gate: {gate['words']}")
+        for name, words in STEPS.items():
+            result = (gate.get("results") or {}).get(name)
+            if result and not result.get("passed"):
+                lines.append(f"Correctness gate, {words}: failed ({'; '.join(result.get('findings') or []) or 'no reason kept'})")
     if vllm.get("swapped"):
         # How P2P was obtained is the P2P line's fact (measured now, or cached by an earlier run for these GPUs).
         lines.append("GPU swap handled: vLLM's P2P cache cleared, the vLLM container recreated")

@@ -290,13 +290,11 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     estimate = None if errors else kv_cache_estimate(settings, facts, model_config, tp, weights_bytes)
     gate = gate_plan(settings, facts, args, env, tp, model_config, weights_bytes)
     chosen = gate["chosen"]
-    if chosen and chosen["step"] != "as_planned":
+    if chosen:
         step = next(s for s in gate["steps"] if s["name"] == chosen["step"])
         args, env = step["args"], step["env"]
-        for setting in step["changes"]:
+        for setting in step["changes"] or ["gate"]:
             decisions[setting] = chosen
-    elif chosen:
-        decisions["gate"] = chosen
     deployed["gate_step"] = chosen["step"] if chosen else "as_planned"
     deployed["nccl_p2p_disable"] = env.get("NCCL_P2P_DISABLE") == "1"
     warnings = [f"downgraded after the GPU change: {item}" for item in lost] if settings.get("allow_downgrade") else []
@@ -405,10 +403,11 @@ def gate_plan(settings: dict, facts: dict, args: list[str], env: dict, tp: int, 
     stored = ((facts.get("gate_store") or {}).get(store_key)) or {}
     results = stored.get("results") or {}
     chosen = _gate.choose(steps, results) if results and stored.get("reference") else None
+    reference = _reference(settings, facts, args, env, tp, model_config, weights_bytes)
     return {
         "key": store_key,
-        "enabled": bool(settings.get("gate", True)),
-        "reference": _reference(settings, facts, args, env, tp, model_config, weights_bytes),
+        "reference": reference,
+        "reference_reason": explain({k: v for k, v in reference.items() if k not in ("args", "env")}) if reference else None,
         "steps": steps,
         "stored": stored,
         "chosen": chosen,

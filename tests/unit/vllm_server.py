@@ -13,6 +13,18 @@ from conftest import ROOT, require, run_ansible
 PORT = 18123
 KEY = "test-secret-key-5f2c"
 PROJECT = "gpubox-test-vllm"
+# The correctness gate's prompts for the tiny model: runs of its own text (tests/vllm-image/make_tiny_model.py),
+# which it continues; 12 words each, since this VM's CPU crashes vLLM's bf16 kernels on prompts of a few tokens.
+GATE_PROMPTS = [
+    "the quick brown fox jumps over a lazy dog while gpus share",
+    "lazy dog while gpus share tensors over links and nginx streams tokens",
+    "links and nginx streams tokens to agents who ask for answers about",
+    "who ask for answers about models memory bandwidth latency user assistant system",
+    "bandwidth latency user assistant system hello world yes no one two three",
+    "yes no one two three four five six seven eight nine ten",
+    "six seven eight nine ten the quick brown fox jumps over a",
+    "brown fox jumps over a lazy dog while gpus share tensors over",
+]
 
 
 def docker(*argv: str) -> str:
@@ -45,6 +57,7 @@ def role_vars(work: Path, image: str, records: Path | None = None, **extra) -> d
         "vllm_enforce_eager": True,
         "vllm_api_key": KEY,
         "vllm_wait_timeout": 300,
+        "vllm_gate_prompts": GATE_PROMPTS,
         # The role's state (/var/lib/gpubox on a box) goes to the test's folder, not this machine's /var/lib.
         "_vllm_state_dir": str(records / "state"),
         # A start-up line every 2 s, so that the tests see them.

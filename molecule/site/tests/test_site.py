@@ -326,6 +326,17 @@ def test_the_new_gpu_set_is_stored(host):
     assert deployed["fingerprint"] == record["fingerprint"]
 
 
+def test_the_gate_judged_each_gpu_set_against_its_own_reference(host):
+    """The swap is a new GPU fingerprint, so a new key: the reference was recorded again, not reused."""
+    record = json.loads(host.file("/var/lib/gpubox/gpu.json").content_string)
+    stored = json.loads(host.file("/var/lib/gpubox/gate.json").content_string)
+    assert len(stored) == 2
+    current = next(entry for key, entry in stored.items() if key.startswith(record["fingerprint"] + "|"))
+    assert current["chosen"] == "as_planned"
+    assert current["results"]["as_planned"]["agreement"]["agreeing"] == 8
+    assert current["reference"]["answers"][0]["text"].startswith(" tensors over links and nginx streams tokens")
+
+
 def test_the_summary_says_what_changed_and_what_was_measured():
     lines = debug_lines(swap_run(), "Say what was found, what was decided and why, and what was measured")
     text = "\n".join(lines)
@@ -336,6 +347,7 @@ def test_the_summary_says_what_changed_and_what_was_measured():
     assert "P2P, measured: GPU0->GPU1 ok" in text  # measured again, not from the cache
     assert "GPU swap handled: vLLM's P2P cache cleared, the vLLM container recreated" in text
     assert "Model: tiny (/srv/models/tiny-chat), tensor parallel 1" in text
+    assert "Correctness gate: the correctness gate passed with the configuration as planned" in text
     assert "Endpoint: http://" in text
     assert "Smoke test: 4/4 streams OK" in text
     assert text.rstrip().endswith("streaming")

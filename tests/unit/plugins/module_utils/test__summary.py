@@ -110,3 +110,18 @@ def test_host_links_follow_the_pairs_in_gpu_order():
     )
     one = summary("box", {"gpu_p2p": {"source": "measured", "cached": True, "pairs": {}, "host_links": {"0": links["0"]}}})
     assert one[1].startswith("Host links, from the cache (measured earlier for these GPUs): GPU0 ok to GPU 24.8 GB/s")
+
+
+def test_the_gate_says_what_it_kept_and_what_failed_before():
+    bang = "prompt 1: the answer is a run of '!' (what a broken all-reduce produces)"
+    gate = {
+        "words": "the correctness gate failed with as planned and passed with custom all-reduce off",
+        "results": {
+            "as_planned": {"passed": False, "findings": [bang]},
+            "no_custom_all_reduce": {"passed": True, "findings": []},
+        },
+    }
+    lines = summary("box", {"vllm": {**VLLM, "gate": gate}})
+    assert f"Correctness gate: {gate['words']}" in lines
+    assert f"Correctness gate, as planned: failed ({bang})" in lines
+    assert not any(line.startswith("Correctness gate, custom all-reduce off") for line in lines)
