@@ -293,7 +293,7 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     if chosen:
         step = next(s for s in gate["steps"] if s["name"] == chosen["step"])
         args, env = step["args"], step["env"]
-        for setting in step["changes"] or ["gate"]:
+        for setting in step["changes"]:
             decisions[setting] = chosen
     deployed["gate_step"] = chosen["step"] if chosen else "as_planned"
     deployed["nccl_p2p_disable"] = env.get("NCCL_P2P_DISABLE") == "1"
@@ -411,6 +411,8 @@ def gate_plan(settings: dict, facts: dict, args: list[str], env: dict, tp: int, 
         "steps": steps,
         "stored": stored,
         "chosen": chosen,
+        # What the deployment record says of the gate when this run does not judge (check mode).
+        "record": {"gate": {"words": explain(chosen), "results": results}} if chosen else {},
         "size": size,
     }
 

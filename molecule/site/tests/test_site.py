@@ -303,6 +303,8 @@ def test_exactly_the_swap_path_ran():
         "Start the Compose project",
         "Remember the GPU set this deployment is for",
         "Remember what was deployed, for the next run's comparison",
+        # A new GPU fingerprint is a new key: the correctness gate judged again and stored it.
+        "Store the reference and the verdicts",
     }
 
 
