@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpubox.inference.plugins.module_utils import _gate, _hub, _p2p, _preflight, _topology
+from ansible_collections.gpubox.inference.plugins.module_utils import _gate, _hub, _layout, _p2p, _preflight, _topology
 from ansible_collections.gpubox.inference.plugins.module_utils._words import explain
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "auto": 2}
@@ -145,16 +145,16 @@ def _tensor_parallel(settings: dict, facts: dict, model_config: dict | None) -> 
     return pinned, {"code": "tp.user"}
 
 
-def _nccl(facts: dict, size: int) -> tuple[dict, dict]:
-    """NCCL's environment for the ``size`` GPUs deployed (GPU0 on), from the measurement and the preflight, and why."""
+def _nccl(facts: dict, gpus: list[int]) -> tuple[dict, dict]:
+    """NCCL's environment for one server on ``gpus``, from the measurement and the preflight, and why."""
     env: dict[str, str] = {}
     why: dict[str, dict] = {}
-    if size < 2:
+    if len(gpus) < 2:
         return env, why
     decisions = (facts.get("gpu_p2p") or {}).get("decisions") or {}
-    measured = _p2p.for_group(decisions, range(size)) if decisions else {}
+    measured = _p2p.for_group(decisions, gpus) if decisions else {}
     preflight = facts.get("preflight") or {}
-    names = [f"GPU{index}" for index in range(size)]
+    names = [f"GPU{index}" for index in gpus]
     judged = _preflight.for_group(preflight, names)["decisions"] if preflight.get("pairs") else {}
     disable = None
     if measured.get("cause") == "tool_hang":
@@ -172,6 +172,16 @@ def _nccl(facts: dict, size: int) -> tuple[dict, dict]:
     return env, why
 
 
+def _nccl_for(facts: dict, groups: list[list[int]]) -> tuple[dict, dict]:
+    """One NCCL environment for every server of a layout: the strictest any of their GPU groups needs."""
+    found = [_nccl(facts, group) for group in groups]
+    for name in ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL"):
+        for env, why in found:
+            if name in env:
+                return env, why
+    return {}, {}
+
+
 def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_bytes: int | None = None) -> dict:
     """Everything the vllm role renders: arguments, environment, decisions and their reasons, errors, estimate.
 
@@ -183,6 +193,15 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     env: dict[str, str] = {}
 
     tp, decisions["--tensor-parallel-size"] = _tensor_parallel(settings, facts, model_config)
+    layout = layout_plan(settings, facts, model_config, weights_bytes, tp)
+    replicas = layout["layout"]["replicas"]
+    if layout["decision"]:
+        decisions["layout"] = layout["decision"]
+    if replicas > 1 or layout["layout"]["size"] != tp * settings["pipeline_parallel_size"]:
+        tp = layout["layout"]["size"]
+        decisions["--tensor-parallel-size"] = {"code": "tp.replica", "size": tp, "replicas": replicas}
+    size = tp * settings["pipeline_parallel_size"]
+    groups = [list(range(index * size, (index + 1) * size)) for index in range(replicas)]
     derived_nccl: dict[str, dict] = {}
 
     if settings["device"] == "cuda":
@@ -190,7 +209,7 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         decisions["CUDA_DEVICE_ORDER"] = {"code": "cuda_device_order"}
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         decisions["VLLM_WORKER_MULTIPROC_METHOD"] = {"code": "multiproc_spawn"}
-        nccl_env, derived_nccl = _nccl(facts, tp * settings["pipeline_parallel_size"])
+        nccl_env, derived_nccl = _nccl_for(facts, groups)
         env.update(nccl_env)
         decisions.update(derived_nccl)
         if not preflight.get("rdma_nics"):
@@ -200,7 +219,10 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.get("cpu_kvcache_gib") or 1)
         decisions["VLLM_CPU_KVCACHE_SPACE"] = {"code": "cpu_kvcache"}
         cpus = int(settings.get("cpu_count") or 0)
-        if tp > 1 and cpus >= tp:
+        if replicas > 1 and cpus >= tp * replicas:
+            # Each replica's workers on their own share of the CPUs (services sets them per replica).
+            decisions["VLLM_CPU_OMP_THREADS_BIND"] = {"code": "cpu_threads_bind.replicas", "cpus": cpus, "replicas": replicas}
+        elif tp > 1 and cpus >= tp:
             # vLLM binds each CPU worker to one NUMA node unless told; split the CPUs evenly instead.
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(cpus, tp)
             decisions["VLLM_CPU_OMP_THREADS_BIND"] = {"code": "cpu_threads_bind", "cpus": cpus, "workers": tp}
@@ -272,9 +294,13 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         args.append("--disable-custom-all-reduce")
     args += [str(a) for a in settings.get("extra_args") or []]
 
-    errors = validate(settings, facts, model_config, tp)
+    errors = validate(settings, facts, model_config, tp) + layout["errors"]
+    if _port(settings) + replicas - 1 > 65535:
+        errors.append(f"vllm_port={_port(settings)} leaves no port for each of the {replicas} replicas (they take the next ports)")
     deployed = {
         "tensor_parallel_size": tp,
+        "replicas": replicas,
+        "layout": layout["layout"]["name"],
         "model_revision": settings.get("model_revision") or "main",
         "model_commit": hub.get("commit"),
         "nccl_p2p_disable": env.get("NCCL_P2P_DISABLE") == "1",
@@ -288,13 +314,19 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
             + ". Fix the hardware, or set vllm_allow_downgrade=true to redeploy with less"
         )
     estimate = None if errors else kv_cache_estimate(settings, facts, model_config, tp, weights_bytes)
-    gate = gate_plan(settings, facts, args, env, tp, model_config, weights_bytes)
+    gate = gate_plan(settings, facts, args, env, tp, model_config, weights_bytes, layout["layout"])
+    for step in gate["steps"]:
+        step["services"] = services(settings, step["args"], step["env"], size, replicas)
+    if gate["reference"]:
+        gate["reference"]["services"] = services(settings, gate["reference"]["args"], gate["reference"]["env"], gate["reference"]["gpus"], 1)
     chosen = gate["chosen"]
     if chosen:
         step = next(s for s in gate["steps"] if s["name"] == chosen["step"])
         args, env = step["args"], step["env"]
         for setting in step["changes"]:
             decisions[setting] = chosen
+    deployed_services = services(settings, args, env, size, replicas)
+    deployed["upstreams"] = [f"127.0.0.1:{service['port']}" for service in deployed_services]
     deployed["gate_step"] = chosen["step"] if chosen else "as_planned"
     deployed["nccl_p2p_disable"] = env.get("NCCL_P2P_DISABLE") == "1"
     warnings = [f"downgraded after the GPU change: {item}" for item in lost] if settings.get("allow_downgrade") else []
@@ -315,16 +347,133 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         "warnings": warnings,
         "kv_cache": estimate,
         "gate": gate,
+        "layout": layout,
+        # One Compose service per server: the plan's, with its port, GPUs and CPU share.
+        "services": deployed_services,
         # What the role stores once deployed; the next run's facts["previous"].
         "record": deployed,
     }
 
 
-def cpu_binding(cpus: int, workers: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for ``workers`` CPU workers over CPUs 0..cpus-1, in even contiguous shares."""
+def cpu_binding(cpus: int, workers: int, first: int = 0) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for ``workers`` CPU workers over CPUs first..first+cpus-1, in even contiguous shares."""
     share = cpus // workers
-    ranges = [(w * share, w * share + share - 1) for w in range(workers)]
+    ranges = [(first + w * share, first + w * share + share - 1) for w in range(workers)]
     return "|".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def services(settings: dict, args: list[str], env: dict, size: int, replicas: int) -> list[dict]:
+    """The Compose services of one configuration: ``replicas`` servers of ``size`` GPUs (or CPU workers) each.
+
+    Server ``i`` answers on ``vllm_port + i`` and takes GPUs ``i*size`` on; on the CPU backend,
+    replicas each bind their workers to their own share of the CPUs (unless vllm_env sets it).
+    """
+    base, host = _port(settings), settings.get("network_mode", "host") == "host"
+    cpus = int(settings.get("cpu_count") or 0)
+    bind = (
+        settings["device"] == "cpu"
+        and replicas > 1
+        and cpus >= size * replicas
+        and "VLLM_CPU_OMP_THREADS_BIND" not in (settings.get("env") or {})
+    )
+    out = []
+    for index in range(replicas):
+        own_args, own_env = list(args), dict(env)
+        if index and host and "--port" in own_args:
+            own_args[own_args.index("--port") + 1] = str(base + index)
+        if bind:
+            share = cpus // replicas
+            own_env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(share, size, first=index * share)
+        out.append(
+            {"name": "vllm" if index == 0 else f"vllm-{index + 1}", "port": base + index,
+             "gpus": [str(gpu) for gpu in range(index * size, (index + 1) * size)], "args": own_args, "env": own_env}
+        )  # fmt: skip
+    return out
+
+
+def layout_plan(settings: dict, facts: dict, model_config: dict | None, weights_bytes: int | None, tp: int) -> dict:
+    """How the servers are laid out over the ``tp x pp`` units the tensor-parallel plan uses (``_layout``).
+
+    ``vllm_layout``: ``tp`` (one server, the default), ``replicas`` (``vllm_replica_size`` each, or the
+    smallest size that fits), ``auto`` (the stored measurement's choice for this key; before there is
+    one, ``tp`` is deployed and ``measure`` is set, with each candidate's services). ``layout_measure``
+    measures again whatever is stored (playbooks/tune.yml).
+    """
+    setting = str(settings.get("layout") or "tp")
+    pp = settings["pipeline_parallel_size"]
+    units = tp * pp
+    config = model_config or {}
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads") or config.get("num_attention_heads")
+    wanted = settings.get("min_concurrent_sequences", 1)
+
+    def fits(size: int) -> bool:
+        if not fits_heads(size, heads, kv_heads):
+            return False
+        estimate = kv_cache_estimate(settings, facts, model_config, size, weights_bytes) if settings["device"] == "cuda" else None
+        return estimate is None or (estimate["kv_cache_tokens"] > 0 and (estimate["concurrent_sequences"] or 0) >= wanted)
+
+    candidates = _layout.candidates(units, fits) if pp == 1 else [_layout.layout(units, 1)]
+    names = [c["name"] for c in candidates]
+    load = {key: int(settings.get(f"tune_{key}") or default) for key, default in TUNE_DEFAULTS.items()}
+    store_key = _layout.key(_gate_key(settings, facts), units, load)
+    stored = ((facts.get("layout_store") or {}).get(store_key)) or {}
+    unit = "GPU" if settings["device"] == "cuda" else "CPU worker"
+    errors, decision, chosen = [], None, candidates[0]
+    if setting not in _layout.LAYOUTS:
+        errors.append(f"vllm_layout={setting!r} must be one of {', '.join(_layout.LAYOUTS)}")
+    elif setting != "tp" and pp > 1:
+        errors.append(f"vllm_layout={setting} needs vllm_pipeline_parallel_size=1 (it is {pp})")
+    elif setting == "replicas":
+        size = int(settings.get("replica_size") or 0) or candidates[-1]["size"]
+        if units % size or not fits_heads(size, heads, kv_heads) or (size != units and not fits(size)):
+            errors.append(
+                f"vllm_replica_size={size} must divide the {units} {unit}s of the layout and fit the model "
+                f"(heads, and the KV cache for vllm_min_concurrent_sequences={wanted}); these fit: "
+                + ", ".join(str(c["size"]) for c in candidates)
+            )
+        else:
+            chosen = _layout.layout(size, units // size)
+            decision = {"code": "layout.replicas", "replicas": chosen["replicas"], "size": size, "unit": unit}
+    elif setting == "auto" and len(candidates) == 1:
+        decision = {"code": "layout.single", "layout": chosen["name"], "units": units, "unit": unit}
+    elif setting == "auto" and stored.get("chosen") in names and stored.get("decision"):
+        chosen = candidates[names.index(stored["chosen"])]
+        decision = stored["decision"]
+    elif setting == "auto":
+        decision = {"code": "layout.unmeasured", "layout": chosen["name"], "candidates": names}
+    measure = not errors and len(candidates) > 1 and (
+        bool(settings.get("layout_measure")) or (setting == "auto" and decision.get("code") == "layout.unmeasured")
+    )
+    if measure:
+        for candidate in candidates:
+            fixed = {"layout": "replicas" if candidate["replicas"] > 1 else "tp", "replica_size": candidate["size"]}
+            candidate["services"] = plan({**settings, **fixed, "layout_measure": False}, facts, model_config, weights_bytes)[
+                "services"
+            ]
+    return {
+        "setting": setting,
+        "units": units,
+        "candidates": candidates,
+        "layout": chosen,
+        "decision": decision,
+        "measure": measure,
+        "key": store_key,
+        "stored": stored,
+        "load": load,
+        "max_ttft_ms": float(settings.get("tune_max_ttft_ms") or 0),
+        "errors": errors,
+    }
+
+
+# The target load a layout is measured at (vllm_tune_*), when the settings do not say.
+TUNE_DEFAULTS = {"concurrency": 8, "prompt_tokens": 512, "max_tokens": 128}
+
+
+def _gate_key(settings: dict, facts: dict) -> str:
+    hub = facts.get("hub") or {}
+    image = f"{settings.get('image', '')}:{settings.get('image_tag', '')}"
+    revision = hub.get("commit") or (settings.get("model_revision") if _hub_id(settings) else None)
+    return _gate.key((facts.get("gpu") or {}).get("fingerprint"), settings["model"], revision, image)
 
 
 def _consumer_over_pcie(facts: dict, size: int) -> bool:
@@ -372,7 +521,9 @@ def _reference(settings: dict, facts: dict, args: list[str], env: dict, tp: int,
     }
 
 
-def gate_plan(settings: dict, facts: dict, args: list[str], env: dict, tp: int, model_config=None, weights_bytes=None) -> dict:
+def gate_plan(
+    settings: dict, facts: dict, args: list[str], env: dict, tp: int, model_config=None, weights_bytes=None, layout=None
+) -> dict:
     """The correctness gate's part of the plan: the key, the reference configuration, the fallback steps.
 
     Steps, in order: as planned; without custom all-reduce (when the plan has it on and tp > 1);
@@ -396,10 +547,10 @@ def gate_plan(settings: dict, facts: dict, args: list[str], env: dict, tp: int, 
     if car_on and settings["device"] == "cuda" and _consumer_over_pcie(facts, size):
         for step in steps[:2]:
             step["compare"] = True
-    hub = facts.get("hub") or {}
-    image = f"{settings.get('image', '')}:{settings.get('image_tag', '')}"
-    revision = hub.get("commit") or (settings.get("model_revision") if _hub_id(settings) else None)
-    store_key = _gate.key((facts.get("gpu") or {}).get("fingerprint"), settings["model"], revision, image)
+    store_key = _gate_key(settings, facts)
+    if layout and layout["replicas"] > 1:
+        # Replicas are another configuration: their verdicts are their own.
+        store_key += f"|{layout['name']}"
     stored = ((facts.get("gate_store") or {}).get(store_key)) or {}
     results = stored.get("results") or {}
     chosen = _gate.choose(steps, results) if results and stored.get("reference") else None
@@ -455,7 +606,12 @@ def downgrades(previous: dict | None, deployed: dict) -> list[str]:
         return []
     lost = []
     before, after = int(previous.get("tensor_parallel_size") or 1), deployed["tensor_parallel_size"]
-    if after < before:
+    replicas_before, replicas = int(previous.get("replicas") or 1), int(deployed.get("replicas") or 1)
+    if replicas_before != replicas:
+        # Another layout (vllm_layout): what counts is how many GPUs serve.
+        if after * replicas < before * replicas_before:
+            lost.append(f"GPUs serving {before * replicas_before} -> {after * replicas}")
+    elif after < before:
         lost.append(f"tensor parallel size {before} -> {after}")
     if after > 1 and deployed["nccl_p2p_disable"] and not previous.get("nccl_p2p_disable"):
         lost.append("GPU peer-to-peer was on and must now be off (NCCL_P2P_DISABLE=1)")

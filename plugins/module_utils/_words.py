@@ -126,6 +126,22 @@ TEMPLATES = {
     "start.exited": "vLLM's container {status} (exit code {rc}) before it answered on {url}; its last log lines: {log}",
     # The correctness gate (_gate, _vllm.gate_plan, vllm_answer_check).
     "cpu_threads_bind": "{workers} CPU workers share the {cpus} CPUs evenly (vLLM binds one worker per NUMA node otherwise)",
+    "cpu_threads_bind.replicas": "each of the {replicas} replicas binds its workers to its own share of the {cpus} CPUs",
+    # The serving layout (_layout, _vllm.layout_plan).
+    "tp.replica": "{replicas} replicas of {size} each (vllm_layout), behind Nginx",
+    "layout.replicas": "{replicas} replicas of {size} {unit}(s) each behind Nginx (vllm_layout=replicas)",
+    "layout.single": "only one layout fits the {units} {unit}(s): {layout} (vllm_layout=auto)",
+    "layout.unmeasured": "{layout} until the layouts {candidates} are measured (vllm_layout=auto)",
+    "layout.measured": (
+        "{layout} measured {tokens_per_s:.1f} tokens/s at TTFT p99 {ttft_p99_ms:.0f} ms against {other_tokens_per_s:.1f} "
+        "at {other_ttft_p99_ms:.0f} ms with {other}: the fastest within the TTFT bound of {bound_ms:.0f} ms ({bound_words})"
+    ),
+    "layout.only": "{layout} is the only layout that served every request of the measurement ({tokens_per_s:.1f} tokens/s)",
+    "layout.none_in_bound": (
+        "no layout met the TTFT bound of {bound_ms:.0f} ms (vllm_tune_max_ttft_ms); {layout} had the lowest TTFT p99, "
+        "{ttft_p99_ms:.0f} ms"
+    ),
+    "layout.none": "no layout served every request of the measurement; keeping {layout}",
     "gate.passed": "the correctness gate passed with the configuration {step}",
     "gate.fallback": "the correctness gate failed with {failed} and passed with {step}",
     "gate.faster": (
@@ -161,6 +177,10 @@ STEPS = {
 }
 
 
+# Where a layout choice's TTFT bound came from (_layout.choose's bound_from).
+BOUNDS = {"setting": "vllm_tune_max_ttft_ms", "best": "twice the lowest TTFT p99 measured"}
+
+
 def say(code: str, **fields) -> str:
     """The words for ``code`` with its fields; a status inside ``fields`` is rendered through its own template.
 
@@ -170,6 +190,10 @@ def say(code: str, **fields) -> str:
         if name in fields:
             value = fields[name]
             fields[name] = ", then ".join(STEPS.get(v, v) for v in value) if isinstance(value, list) else STEPS.get(value, value)
+    if "candidates" in fields and isinstance(fields["candidates"], list):
+        fields["candidates"] = ", ".join(fields["candidates"])
+    if "bound_from" in fields:
+        fields["bound_words"] = BOUNDS.get(fields["bound_from"], fields["bound_from"])
     if "status" in fields and f"p2p.{fields['status']}" in TEMPLATES:
         fields.setdefault("status_words", TEMPLATES[f"p2p.{fields['status']}"])
     return TEMPLATES[code].format(**fields)

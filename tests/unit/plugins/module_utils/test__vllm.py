@@ -324,6 +324,9 @@ def test_the_record_is_what_the_next_run_compares_with():
         "model_revision": "main",
         "model_commit": None,
         "gate_step": "as_planned",
+        "layout": "tp2",
+        "replicas": 1,
+        "upstreams": ["127.0.0.1:8000"],
     }
     assert plan(settings(), {"gpu": gpus(2), "gpu_p2p": {"decisions": BROKEN}}, LLAMA_8B)["record"]["nccl_p2p_disable"]
 
@@ -619,3 +622,128 @@ def test_cpu_binding_splits_the_cpus_evenly(cpus, workers, binding):
     from ansible_collections.gpubox.inference.plugins.module_utils._vllm import cpu_binding
 
     assert cpu_binding(cpus, workers) == binding
+
+
+# ------------------------------------------------------------ layout (vllm_layout)
+
+
+# 48 GiB cards: Llama 3.1 8B and its KV cache for 4 sequences fit one.
+BIG = 49152
+
+
+def layout_of(result: dict) -> list[tuple]:
+    return [(s["name"], s["port"], s["gpus"], flag(s, "--port"), flag(s, "--tensor-parallel-size")) for s in result["services"]]
+
+
+def test_tp_layout_is_one_server_and_says_nothing_new():
+    result = plan(settings(), {"gpu": gpus(2, mib=BIG)}, LLAMA_8B)
+    assert layout_of(result) == [("vllm", 8000, ["0", "1"], "8000", "2")]
+    assert "layout" not in result["decisions"]
+    assert result["record"]["upstreams"] == ["127.0.0.1:8000"]
+
+
+def test_replicas_take_their_own_gpus_and_ports():
+    result = plan(settings(layout="replicas", port=8100), {"gpu": gpus(4, mib=BIG)}, LLAMA_8B)
+    assert layout_of(result) == [
+        ("vllm", 8100, ["0"], "8100", "1"),
+        ("vllm-2", 8101, ["1"], "8101", "1"),
+        ("vllm-3", 8102, ["2"], "8102", "1"),
+        ("vllm-4", 8103, ["3"], "8103", "1"),
+    ]
+    assert result["record"]["upstreams"] == [f"127.0.0.1:{port}" for port in range(8100, 8104)]
+    assert result["reasons"]["layout"] == "4 replicas of 1 GPU(s) each behind Nginx (vllm_layout=replicas)"
+    assert result["record"]["layout"] == "4xtp1"
+
+
+def test_replica_size_must_divide_the_gpus_and_fit():
+    errors = plan(settings(layout="replicas", replica_size=3), {"gpu": gpus(4, mib=BIG)}, LLAMA_8B)["errors"]
+    assert errors == [
+        "vllm_replica_size=3 must divide the 4 GPUs of the layout and fit the model (heads, and the KV cache for "
+        "vllm_min_concurrent_sequences=4); these fit: 4, 2, 1"
+    ]
+    # 8B in bf16 (16.5 GiB) leaves KV cache for 3 sequences of 8192 tokens on one 24 GiB card, not 4.
+    small = plan(settings(layout="replicas"), {"gpu": gpus(2)}, LLAMA_8B)
+    assert small["layout"]["candidates"] == [{"name": "tp2", "size": 2, "replicas": 1}]
+    assert layout_of(small)[0][4] == "2"
+
+
+def test_bridge_replicas_listen_on_8000_inside_and_publish_their_own_ports():
+    result = plan(settings(layout="replicas", network_mode="bridge", port=9000), {"gpu": gpus(2, mib=BIG)}, LLAMA_8B)
+    assert [(s["port"], flag(s, "--port")) for s in result["services"]] == [(9000, "8000"), (9001, "8000")]
+
+
+def test_cpu_replicas_bind_each_to_its_own_cpus():
+    result = plan(settings(device="cpu", tensor_parallel_size=2, layout="replicas", cpu_count=4), {}, LLAMA_8B)
+    assert [s["env"]["VLLM_CPU_OMP_THREADS_BIND"] for s in result["services"]] == ["0-1", "2-3"]
+    assert [flag(s, "--distributed-executor-backend") for s in result["services"]] == ["uni", "uni"]
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in result["env"]
+    tp = plan(settings(device="cpu", tensor_parallel_size=2, cpu_count=4), {}, LLAMA_8B)
+    assert [s["env"]["VLLM_CPU_OMP_THREADS_BIND"] for s in tp["services"]] == ["0-1|2-3"]
+
+
+def test_replicas_share_the_strictest_nccl_setting_of_their_groups():
+    # GPU2-GPU3 cannot copy peer to peer: every replica of two runs with NCCL_P2P_DISABLE=1.
+    facts = {"gpu": gpus(4, mib=BIG), "gpu_p2p": measured(4, {"3-2": "broken"})}
+    result = plan(settings(layout="replicas", replica_size=2), facts, LLAMA_8B)
+    assert all(s["env"].get("NCCL_P2P_DISABLE") == "1" for s in result["services"])
+    assert [s["gpus"] for s in result["services"]] == [["0", "1"], ["2", "3"]]
+
+
+def test_auto_measures_first_then_keeps_the_stored_choice():
+    first = plan(settings(layout="auto"), {"gpu": gpus(2, mib=BIG)}, LLAMA_8B)
+    assert first["layout"]["measure"] is True
+    assert first["record"]["layout"] == "tp2"
+    assert first["reasons"]["layout"] == "tp2 until the layouts tp2, 2xtp1 are measured (vllm_layout=auto)"
+    candidates = {c["name"]: [s["gpus"] for s in c["services"]] for c in first["layout"]["candidates"]}
+    assert candidates == {"tp2": [["0", "1"]], "2xtp1": [["0"], ["1"]]}
+
+    decision = {"code": "layout.only", "layout": "2xtp1", "tokens_per_s": 45.0, "ttft_p99_ms": 300.0,
+                "bound_ms": 600.0, "bound_from": "best"}  # fmt: skip
+    store = {first["layout"]["key"]: {"chosen": "2xtp1", "decision": decision}}
+    second = plan(settings(layout="auto"), {"gpu": gpus(2, mib=BIG), "layout_store": store}, LLAMA_8B)
+    assert second["layout"]["measure"] is False
+    assert second["record"]["layout"] == "2xtp1"
+    assert second["decisions"]["layout"] == decision
+    # A new target load is another key: measured again.
+    again = plan(settings(layout="auto", tune_concurrency=32), {"gpu": gpus(2, mib=BIG), "layout_store": store}, LLAMA_8B)
+    assert again["layout"]["measure"] is True
+    # tune.yml measures again whatever is stored; vllm_layout=tp keeps one server.
+    forced = plan(settings(layout="tp", layout_measure=True), {"gpu": gpus(2, mib=BIG), "layout_store": store}, LLAMA_8B)
+    assert forced["layout"]["measure"] is True
+    assert forced["record"]["layout"] == "tp2"
+
+
+def test_auto_with_one_gpu_has_nothing_to_measure():
+    result = plan(settings(layout="auto"), {"gpu": gpus(1)}, LLAMA_8B)
+    assert result["layout"]["measure"] is False
+    assert result["reasons"]["layout"] == "only one layout fits the 1 GPU(s): tp1 (vllm_layout=auto)"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"layout": "spread"}, "vllm_layout='spread' must be one of tp, replicas, auto"),
+        ({"layout": "replicas", "pipeline_parallel_size": 2}, "vllm_layout=replicas needs vllm_pipeline_parallel_size=1 (it is 2)"),
+        ({"layout": "replicas", "port": 65535}, "vllm_port=65535 leaves no port for each of the 2 replicas"),
+    ],
+)
+def test_layout_settings_are_refused_with_the_rule(overrides, message):
+    errors = plan(settings(**overrides), {"gpu": gpus(2, mib=BIG)}, LLAMA_8B)["errors"]
+    assert any(error.startswith(message) for error in errors), errors
+
+
+def test_replicas_are_their_own_gate_key_and_a_replica_of_one_needs_no_reference():
+    tp = plan(settings(), {"gpu": gpus(2, mib=BIG)}, LLAMA_8B)
+    replicas = plan(settings(layout="replicas"), {"gpu": gpus(2, mib=BIG)}, LLAMA_8B)
+    assert replicas["gate"]["key"] == tp["gate"]["key"] + "|2xtp1"
+    assert replicas["gate"]["reference"] is None
+    assert [s["name"] for s in replicas["gate"]["steps"]] == ["as_planned"]
+    assert [len(s["services"]) for s in replicas["gate"]["steps"]] == [2]
+    assert [s["gpus"] for s in tp["gate"]["reference"]["services"]] == [["0"]]
+
+
+def test_switching_layouts_is_not_a_downgrade_while_as_many_gpus_serve():
+    previous = {"tensor_parallel_size": 2, "replicas": 1}
+    assert plan(settings(layout="replicas"), {"gpu": gpus(2, mib=BIG), "previous": previous}, LLAMA_8B)["errors"] == []
+    lost = plan(settings(), {"gpu": gpus(1), "previous": {"tensor_parallel_size": 1, "replicas": 2}}, LLAMA_8B)["errors"]
+    assert lost and "GPUs serving 2 -> 1" in lost[0]
