@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpubox.inference.plugins.module_utils import _gate
+from ansible_collections.gpubox.inference.plugins.module_utils import _gate, _layout
 from ansible_collections.gpubox.inference.plugins.module_utils._vllm import cuda_finding, plan
 from ansible_collections.gpubox.inference.plugins.module_utils._words import explain
 
@@ -33,6 +33,11 @@ NUMBERS = {
     "port": int,
     "swap_space": int,
     "cpu_count": int,
+    "replica_size": int,
+    "tune_concurrency": int,
+    "tune_prompt_tokens": int,
+    "tune_max_tokens": int,
+    "tune_max_ttft_ms": float,
     "gpu_memory_utilization": float,
 }
 
@@ -71,6 +76,23 @@ def vllm_gate_choice(results, steps):
     return {**chosen, "words": explain(chosen)} if chosen else None
 
 
+def vllm_layout_measurement(probe, metrics=None):
+    """One layout's numbers from llm_stream_probe's summary and its servers' /metrics (see its documentation)."""
+    if not isinstance(probe, dict):
+        raise AnsibleFilterError("vllm_layout_measurement: the input must be llm_stream_probe's probe dict")
+    return _layout.measurement(probe, [str(text) for text in metrics or []])
+
+
+def vllm_layout_choice(measured, layouts, max_ttft_ms=0):
+    """The layout a measurement keeps, its decision and words, and the table (see its documentation)."""
+    try:
+        bound = float(max_ttft_ms or 0)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError(f"vllm_tune_max_ttft_ms={max_ttft_ms!r} must be a number") from None
+    result = _layout.outcome(list(layouts or []), dict(measured or {}), bound)
+    return {**result, "words": explain(result["decision"])}
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -78,4 +100,6 @@ class FilterModule:
             "vllm_cuda_refusal": vllm_cuda_refusal,
             "vllm_gate_next": vllm_gate_next,
             "vllm_gate_choice": vllm_gate_choice,
+            "vllm_layout_measurement": vllm_layout_measurement,
+            "vllm_layout_choice": vllm_layout_choice,
         }

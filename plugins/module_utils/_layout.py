@@ -127,3 +127,9 @@ def table(layouts: list[dict], measured: dict, kept: str | None) -> list[str]:
             + (f"  ({failed} requests failed)" if failed else "")
         )
     return rows
+
+
+def outcome(layouts: list[dict], measured: dict, max_ttft_ms: float = 0) -> dict:
+    """What a measurement decided: the layout kept (the first when none measured soundly), the decision, the table."""
+    decision = choose(layouts, measured, max_ttft_ms) or {"code": "layout.none", "layout": layouts[0]["name"]}
+    return {"chosen": decision["layout"], "decision": decision, "table": table(layouts, measured, decision["layout"])}

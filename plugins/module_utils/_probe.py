@@ -339,6 +339,16 @@ def run(settings: dict) -> dict:
     return summarize(records[0], wall)
 
 
+def run_spread(settings: dict, urls: list[str]) -> dict:
+    """``requests`` streamed requests spread over the servers at ``urls`` in turn, under one ``concurrency``,
+    as a load balancer in front of them would: one summary over all of them (``requests`` rounds up to a
+    multiple of the servers)."""
+    each = -(-settings["requests"] // len(urls))
+    targets = [_target({**settings, "url": url}) for url in urls]
+    records, wall = asyncio.run(_run({**settings, "requests": each}, targets))
+    return summarize([record for own in records for record in own], wall)
+
+
 def run_mixed(settings: dict, endpoints: list[dict]) -> list[dict]:
     """``requests`` streamed requests to each endpoint (``url``, ``api_key``, ``ca_path``), interleaved under one
     ``concurrency``: one summary per endpoint, in order.

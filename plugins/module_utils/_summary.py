@@ -96,6 +96,10 @@ def _vllm_lines(vllm: dict) -> list[str]:
         return []
     lines = [f"Model: {vllm.get('served_model_name')} ({vllm.get('model')}), tensor parallel {vllm.get('tensor_parallel_size')}"]
     reasons = vllm.get("reasons") or {}
+    if (vllm.get("replicas") or 1) > 1:
+        lines[0] += f", {vllm['replicas']} replicas on {', '.join(vllm.get('upstreams') or [])}"
+    if "layout" in reasons:
+        lines.append(f"Layout: {reasons['layout']}")
     env = vllm.get("env") or {}
     decided = []
     for key in SETTINGS_SHOWN:

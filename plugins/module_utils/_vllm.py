@@ -385,7 +385,7 @@ def services(settings: dict, args: list[str], env: dict, size: int, replicas: in
             share = cpus // replicas
             own_env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(share, size, first=index * share)
         out.append(
-            {"name": "vllm" if index == 0 else f"vllm-{index + 1}", "port": base + index,
+            {"name": "vllm" if index == 0 else f"vllm-{index + 1}", "port": base + index, "url": f"http://127.0.0.1:{base + index}/v1",
              "gpus": [str(gpu) for gpu in range(index * size, (index + 1) * size)], "args": own_args, "env": own_env}
         )  # fmt: skip
     return out

@@ -29,6 +29,14 @@ options:
     description: The API base, e.g. C(http://127.0.0.1:8000/v1) or C(https://gpu-box/v1).
     type: str
     required: true
+  urls:
+    description:
+      - More servers of the same model (replicas behind one load balancer), e.g. C(http://127.0.0.1:8001/v1).
+      - The requests go to O(url) and these in turn, under the one O(concurrency), and the statistics are over all
+        of them; O(requests) rounds up to a multiple of the servers.
+    type: list
+    elements: str
+    default: []
   model:
     description: The served model name.
     type: str
@@ -124,13 +132,14 @@ table:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpubox.inference.plugins.module_utils._probe import run, table
+from ansible_collections.gpubox.inference.plugins.module_utils._probe import run, run_spread, table
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "required": True},
+            "urls": {"type": "list", "elements": "str", "default": []},
             "model": {"type": "str", "required": True},
             "api_key": {"type": "str", "no_log": True},
             "endpoint": {"type": "str", "choices": ["chat", "completion"], "default": "chat"},
@@ -153,10 +162,11 @@ def main() -> None:
             module.fail_json(msg=f"{option}={params[option]} must be at least 1")
     if not 0 <= params["shared_prefix_tokens"] <= params["prompt_tokens"]:
         module.fail_json(msg=f"shared_prefix_tokens={params['shared_prefix_tokens']} must be between 0 and prompt_tokens")
-    if not params["url"].startswith(("http://", "https://")):
-        module.fail_json(msg=f"url={params['url']!r} must start with http:// or https://")
-    summary = run(params)
-    label = f"c={params['concurrency']} {params['url']}"
+    for option, url in [("url", params["url"])] + [("urls", url) for url in params["urls"]]:
+        if not url.startswith(("http://", "https://")):
+            module.fail_json(msg=f"{option}: {url!r} must start with http:// or https://")
+    summary = run_spread(params, [params["url"], *params["urls"]]) if params["urls"] else run(params)
+    label = f"c={params['concurrency']} {params['url']}" + (f" (+{len(params['urls'])} more)" if params["urls"] else "")
     module.exit_json(changed=False, probe=summary, table=table(label, summary))
 
 

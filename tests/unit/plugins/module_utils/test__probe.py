@@ -9,7 +9,7 @@ import json
 import pytest
 from nginx_server import asyncio_server, paced_upstream
 
-from ansible_collections.gpubox.inference.plugins.module_utils._probe import percentile, prompt, run, run_mixed, summarize, turns
+from ansible_collections.gpubox.inference.plugins.module_utils._probe import percentile, prompt, run, run_mixed, run_spread, summarize, turns
 
 
 def record(start: float, first: float, gap: float, tokens: int, status: int = 200) -> dict:
@@ -140,6 +140,19 @@ def test_a_mixed_run_interleaves_the_endpoints_with_the_same_prompts():
     assert [text for name, text in seen if name == "a"] == [text for name, text in seen if name == "b"]
     assert len({text for _name, text in seen}) == 5
     assert summaries[0]["wall_s"] == summaries[1]["wall_s"]  # one run, one wall clock
+
+
+def test_a_spread_run_shares_the_requests_out_like_a_load_balancer():
+    """run_spread: replicas of one layout; ``requests`` in all, in turns, one summary over all of them."""
+    seen: list = []
+    with (
+        asyncio_server(_keep_alive_server(True, [], seen, "a")) as a,
+        asyncio_server(_keep_alive_server(False, [], seen, "b")) as b,
+    ):
+        summary = run_spread(_settings(a, requests=7, concurrency=2), [f"http://127.0.0.1:{port}/v1" for port in (a, b)])
+    assert summary["requests"] == summary["succeeded"] == 8  # 7 rounds up to 4 per server
+    assert sorted(name for name, _text in seen) == ["a"] * 4 + ["b"] * 4
+    assert summary["output_tokens"] == 24
 
 
 @pytest.mark.parametrize(("requests", "concurrency", "targets"), [(60, 10, 6), (24, 1, 5), (300, 50, 6), (12, 4, 2)])

@@ -125,3 +125,17 @@ def test_the_gate_says_what_it_kept_and_what_failed_before():
     assert f"Correctness gate: {gate['words']}" in lines
     assert f"Correctness gate, as planned: failed ({bang})" in lines
     assert not any(line.startswith("Correctness gate, custom all-reduce off") for line in lines)
+
+
+def test_replicas_and_the_layout_choice_are_said():
+    vllm = {
+        **VLLM,
+        "tensor_parallel_size": 1,
+        "replicas": 2,
+        "upstreams": ["127.0.0.1:8000", "127.0.0.1:8001"],
+        "reasons": {**VLLM["reasons"], "layout": "2xtp1 measured 45.0 tokens/s ..."},
+    }
+    lines = summary("box", {"vllm": vllm})
+    assert "Model: qwen (Qwen/Qwen2.5-7B-Instruct), tensor parallel 1, 2 replicas on 127.0.0.1:8000, 127.0.0.1:8001" in lines
+    assert "Layout: 2xtp1 measured 45.0 tokens/s ..." in lines
+    assert not any(line.startswith("Layout") for line in summary("box", {"vllm": VLLM}))
