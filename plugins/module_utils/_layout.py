@@ -121,8 +121,9 @@ def table(layouts: list[dict], measured: dict, kept: str | None) -> list[str]:
             rows.append(f"{candidate['name'] + mark:<10} not measured")
             continue
         failed = (result.get("requests") or 0) - (result.get("succeeded") or 0)
+        p50, p99 = number(result.get("ttft_p50_ms"), 1), number(result.get("ttft_p99_ms"), 1)
         rows.append(
-            f"{candidate['name'] + mark:<10} {number(result.get('ttft_p50_ms'), 1):>11} {number(result.get('ttft_p99_ms'), 1):>11} "
+            f"{candidate['name'] + mark:<10} {p50:>11} {p99:>11} "
             f"{number(result.get('tokens_per_s'), 1):>9} {number(result.get('kv_cache_tokens')):>10}"
             + (f"  ({failed} requests failed)" if failed else "")
         )

@@ -296,7 +296,7 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
 
     errors = validate(settings, facts, model_config, tp) + layout["errors"]
     if _port(settings) + replicas - 1 > 65535:
-        errors.append(f"vllm_port={_port(settings)} leaves no port for each of the {replicas} replicas (they take the next ports)")
+        errors.append(f"vllm_port={_port(settings)} leaves no port for each of the {replicas} replicas (they take the next)")
     deployed = {
         "tensor_parallel_size": tp,
         "replicas": replicas,
@@ -317,8 +317,9 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     gate = gate_plan(settings, facts, args, env, tp, model_config, weights_bytes, layout["layout"])
     for step in gate["steps"]:
         step["services"] = services(settings, step["args"], step["env"], size, replicas)
-    if gate["reference"]:
-        gate["reference"]["services"] = services(settings, gate["reference"]["args"], gate["reference"]["env"], gate["reference"]["gpus"], 1)
+    reference = gate["reference"]
+    if reference:
+        reference["services"] = services(settings, reference["args"], reference["env"], reference["gpus"], 1)
     chosen = gate["chosen"]
     if chosen:
         step = next(s for s in gate["steps"] if s["name"] == chosen["step"])
@@ -385,7 +386,8 @@ def services(settings: dict, args: list[str], env: dict, size: int, replicas: in
             share = cpus // replicas
             own_env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(share, size, first=index * share)
         out.append(
-            {"name": "vllm" if index == 0 else f"vllm-{index + 1}", "port": base + index, "url": f"http://127.0.0.1:{base + index}/v1",
+            {"name": "vllm" if index == 0 else f"vllm-{index + 1}", "port": base + index,
+             "url": f"http://127.0.0.1:{base + index}/v1",
              "gpus": [str(gpu) for gpu in range(index * size, (index + 1) * size)], "args": own_args, "env": own_env}
         )  # fmt: skip
     return out
@@ -441,8 +443,10 @@ def layout_plan(settings: dict, facts: dict, model_config: dict | None, weights_
         decision = stored["decision"]
     elif setting == "auto":
         decision = {"code": "layout.unmeasured", "layout": chosen["name"], "candidates": names}
-    measure = not errors and len(candidates) > 1 and (
-        bool(settings.get("layout_measure")) or (setting == "auto" and decision.get("code") == "layout.unmeasured")
+    measure = (
+        not errors
+        and len(candidates) > 1
+        and (bool(settings.get("layout_measure")) or (setting == "auto" and decision.get("code") == "layout.unmeasured"))
     )
     if measure:
         for candidate in candidates:

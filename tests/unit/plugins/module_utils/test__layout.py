@@ -100,4 +100,5 @@ def test_the_table_marks_the_kept_layout():
     rows = _layout.table(LAYOUTS, {"tp2": numbers(30.0, 400), "2xtp1": {"failed": "exit code 1"}}, "tp2")
     assert rows[0].split() == ["layout", "TTFT", "p50", "ms", "TTFT", "p99", "ms", "tok/s", "KV", "tokens"]
     assert rows[1].split() == ["tp2*", "200.0", "400.0", "30.0", "52416"]
-    assert rows[2].startswith("2xtp1") and "did not start: exit code 1" in rows[2]
+    assert rows[2].startswith("2xtp1")
+    assert "did not start: exit code 1" in rows[2]

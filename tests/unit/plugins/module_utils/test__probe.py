@@ -9,7 +9,15 @@ import json
 import pytest
 from nginx_server import asyncio_server, paced_upstream
 
-from ansible_collections.gpubox.inference.plugins.module_utils._probe import percentile, prompt, run, run_mixed, run_spread, summarize, turns
+from ansible_collections.gpubox.inference.plugins.module_utils._probe import (
+    percentile,
+    prompt,
+    run,
+    run_mixed,
+    run_spread,
+    summarize,
+    turns,
+)
 
 
 def record(start: float, first: float, gap: float, tokens: int, status: int = 200) -> dict:
