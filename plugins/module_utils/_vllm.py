@@ -193,6 +193,7 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     env: dict[str, str] = {}
 
     tp, decisions["--tensor-parallel-size"] = _tensor_parallel(settings, facts, model_config)
+    bound_replicas = False
     layout = layout_plan(settings, facts, model_config, weights_bytes, tp)
     replicas = layout["layout"]["replicas"]
     if layout["decision"]:
@@ -222,6 +223,8 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
         if replicas > 1 and cpus >= tp * replicas:
             # Each replica's workers on their own share of the CPUs (services sets them per replica).
             decisions["VLLM_CPU_OMP_THREADS_BIND"] = {"code": "cpu_threads_bind.replicas", "cpus": cpus, "replicas": replicas}
+            # vLLM binds CPU workers only in its multiprocess executor, even for one worker.
+            bound_replicas = "VLLM_CPU_OMP_THREADS_BIND" not in (settings.get("env") or {})
         elif tp > 1 and cpus >= tp:
             # vLLM binds each CPU worker to one NUMA node unless told; split the CPUs evenly instead.
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(cpus, tp)
@@ -270,7 +273,7 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
     if settings["device"] == "cuda":
         args += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
     else:
-        args += ["--distributed-executor-backend", "uni" if tp * settings["pipeline_parallel_size"] == 1 else "mp"]
+        args += ["--distributed-executor-backend", "uni" if size == 1 and not bound_replicas else "mp"]
     for flag, key in (
         ("--max-model-len", "max_model_len"),
         ("--max-num-batched-tokens", "max_num_batched_tokens"),

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from vllm_server import KEY, copy_model_out, role_vars, run_role
+from vllm_server import KEY, copy_model_out, docker, role_vars, run_role
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _layout
 
@@ -96,6 +96,18 @@ def test_replicas_each_take_one_cpu_and_their_own_port(measured):
     assert '"VLLM_CPU_OMP_THREADS_BIND": "1"' in compose
     assert f'"--port", "{PORT + 1}"' in compose
     assert models(PORT) == models(PORT + 1) == ["tiny"]
+    # vLLM really bound each replica's worker threads to its own CPU.
+    assert worker_cpus(f"{PROJECT}-vllm-1") == {"0"}
+    assert worker_cpus(f"{PROJECT}-vllm-2-1") == {"1"}
+
+
+def worker_cpus(container: str) -> set[str]:
+    """The CPUs the threads of the container's vLLM worker process may run on."""
+    script = (
+        'for p in /proc/[0-9]*; do [ "$(cat $p/comm)" = "VLLM::Worker" ] || continue; '
+        "for t in $p/task/*; do grep Cpus_allowed_list $t/status | cut -f2; done; done"
+    )
+    return set(docker("exec", container, "bash", "-c", script).split())
 
 
 def test_a_rerun_measures_nothing_and_changes_nothing(measured):

@@ -675,7 +675,8 @@ def test_bridge_replicas_listen_on_8000_inside_and_publish_their_own_ports():
 def test_cpu_replicas_bind_each_to_its_own_cpus():
     result = plan(settings(device="cpu", tensor_parallel_size=2, layout="replicas", cpu_count=4), {}, LLAMA_8B)
     assert [s["env"]["VLLM_CPU_OMP_THREADS_BIND"] for s in result["services"]] == ["0-1", "2-3"]
-    assert [flag(s, "--distributed-executor-backend") for s in result["services"]] == ["uni", "uni"]
+    # vLLM binds CPU workers only in its multiprocess executor, even for one worker.
+    assert [flag(s, "--distributed-executor-backend") for s in result["services"]] == ["mp", "mp"]
     assert "VLLM_CPU_OMP_THREADS_BIND" not in result["env"]
     tp = plan(settings(device="cpu", tensor_parallel_size=2, cpu_count=4), {}, LLAMA_8B)
     assert [s["env"]["VLLM_CPU_OMP_THREADS_BIND"] for s in tp["services"]] == ["0-1|2-3"]
