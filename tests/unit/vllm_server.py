@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -72,6 +74,17 @@ def run_role(work: Path, variables: dict) -> subprocess.CompletedProcess:
     extra = work / "vars.json"
     extra.write_text(json.dumps(variables))
     return run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{extra}", str(playbook))
+
+
+@contextmanager
+def deployed(image: str, work: Path, variables: dict) -> Iterator[subprocess.CompletedProcess]:
+    """The role run once over a copy of the tiny model in ``work``; its Compose project torn down after."""
+    copy_model_out(image, work)
+    try:
+        yield run_role(work, variables)
+    finally:
+        down = ["docker", "compose", "--project-name", variables["vllm_project_name"], "down", "--timeout", "5"]
+        subprocess.run(down, capture_output=True, check=False)
 
 
 def copy_model_out(image: str, work: Path) -> None:

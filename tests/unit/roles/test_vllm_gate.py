@@ -10,11 +10,10 @@ Its own project and port, beside the shared server of the other role tests.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from vllm_server import copy_model_out, docker, role_vars, run_role
+from vllm_server import deployed, docker, role_vars, run_role
 
 PROJECT = "gpubox-test-gate"
 PORT = 18124
@@ -33,10 +32,8 @@ def store(work: Path) -> dict:
 def gate(vllm_server, tmp_path_factory):
     """TP=2 deployed once through the gate; torn down at the end."""
     work = tmp_path_factory.mktemp("gate")
-    copy_model_out(vllm_server["image"], work)
-    first = run_role(work, gate_vars(work, vllm_server["image"]))
-    yield {"work": work, "image": vllm_server["image"], "first": first}
-    subprocess.run(["docker", "compose", "--project-name", PROJECT, "down", "--timeout", "5"], capture_output=True, check=False)
+    with deployed(vllm_server["image"], work, gate_vars(work, vllm_server["image"])) as first:
+        yield {"work": work, "image": vllm_server["image"], "first": first}
 
 
 def test_tensor_parallel_answers_agree_with_one_worker(gate):

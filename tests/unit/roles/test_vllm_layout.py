@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from vllm_server import KEY, copy_model_out, docker, role_vars, run_role
+from vllm_server import KEY, deployed, docker, role_vars, run_role
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _layout
 
@@ -54,10 +54,8 @@ def models(port: int) -> list[str]:
 def measured(vllm_server, tmp_path_factory):
     """Both layouts measured once by the role; torn down at the end."""
     work = tmp_path_factory.mktemp("layout")
-    copy_model_out(vllm_server["image"], work)
-    first = run_role(work, layout_vars(work, vllm_server["image"]))
-    yield {"work": work, "image": vllm_server["image"], "first": first}
-    subprocess.run(["docker", "compose", "--project-name", PROJECT, "down", "--timeout", "5"], capture_output=True, check=False)
+    with deployed(vllm_server["image"], work, layout_vars(work, vllm_server["image"])) as first:
+        yield {"work": work, "image": vllm_server["image"], "first": first}
 
 
 def test_auto_measures_both_layouts_and_keeps_the_faster_within_the_bound(measured):
