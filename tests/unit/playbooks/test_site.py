@@ -138,3 +138,21 @@ def test_a_pinned_size_narrows_the_preflight(box):
     assert report["verdict"] == "single_gpu"
     assert report["warnings"] == []
     assert "NCCL_P2P_DISABLE" not in deployed(run)["env"]
+
+
+def test_replicas_of_one_gpu_each_need_no_p2p_and_each_is_an_upstream(box):
+    """vllm_layout=replicas on the box whose ACS redirects P2P: one server per GPU, so no pair to disable P2P for."""
+    run = run_site(box, "--tags", "vllm", "-e", "vllm_layout=replicas", "-e", "vllm_max_model_len=2048")
+    (plan,) = [r["ansible_facts"]["__vllm_plan"] for r in task_results(run, "Plan the deployment")]
+    assert [(s["name"], s["port"], s["gpus"]) for s in plan["services"]] == [("vllm", 8000, ["0"]), ("vllm-2", 8001, ["1"])]
+    assert all("NCCL_P2P_DISABLE" not in s["env"] for s in plan["services"])
+    compose = yaml.safe_load(deployed(run)["compose"])
+    assert sorted(compose["services"]) == ["vllm", "vllm-2"]
+    devices = {name: service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+               for name, service in compose["services"].items()}  # fmt: skip
+    assert devices == {"vllm": ["0"], "vllm-2": ["1"]}
+    command = compose["services"]["vllm-2"]["command"]
+    assert command[command.index("--port") + 1] == "8001"
+    # The record vllm_deployment publishes, whose upstreams site.yml's Nginx play takes.
+    assert plan["record"]["upstreams"] == ["127.0.0.1:8000", "127.0.0.1:8001"]
+    assert plan["record"]["layout"] == "2xtp1"

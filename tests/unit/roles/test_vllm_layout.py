@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import ROOT, run_ansible
 from vllm_server import KEY, deployed, docker, role_vars, run_role
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _layout
@@ -141,3 +144,22 @@ def test_a_forced_measurement_flips_the_deployed_layout(measured):
     assert f"{other} measured 20.0 tokens/s" in (work / "project" / "compose.yaml").read_text()
     assert "Correctness gate: the correctness gate passed" in result.stdout
     assert (json.loads((work / "state" / "vllm.json").read_text()))["layout"] == other
+
+
+def test_tune_measures_again_prints_the_table_and_deploys_what_vllm_layout_says(measured):
+    """playbooks/tune.yml over a forced store: both layouts measured anew; vllm_layout=tp keeps one server."""
+    work = measured["work"]
+    force(work, faster="2xtp1")
+    inventory = work / "tune-hosts.yml"
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"gpu_boxes": {"hosts": {"localhost": host}}}}}))
+    extra = work / "tune-vars.json"
+    extra.write_text(json.dumps(layout_vars(work, measured["image"], vllm_layout="tp")))
+    result = run_ansible("ansible-playbook", "-i", str(inventory), "-e", f"@{extra}", str(ROOT / "playbooks" / "tune.yml"))
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert "Layout: measuring tp2, 2xtp1 one after the other" in result.stdout
+    assert "TTFT p99 ms" in result.stdout
+    entry = stored(work)
+    assert {n["tokens_per_s"] for n in entry["measured"].values()} != {10.0, 20.0}  # measured, not the forced numbers
+    assert services(work) == ["vllm"]
+    assert json.loads((work / "state" / "vllm.json").read_text())["layout"] == "tp2"
