@@ -81,7 +81,21 @@ def validate(settings: dict, facts: dict, model_config: dict | None, tp: int) ->
     port = _port(settings)
     if not 1 <= port <= 65535:
         errors.append(f"vllm_port={port} must be a TCP port, from 1 to 65535")
-    return errors
+    return errors + _watchdog_errors(settings.get("watchdog") or {})
+
+
+# The engine watchdog's settings and their least sound values (tasks/watchdog.yml).
+WATCHDOG_MINIMUMS = {"interval": 5, "timeout": 1, "failures": 1, "max_restarts": 1}
+
+
+def _watchdog_errors(watchdog: dict) -> list[str]:
+    if not watchdog.get("enabled"):
+        return []
+    return [
+        f"vllm_watchdog_{name}={watchdog[name]} must be at least {least}"
+        for name, least in WATCHDOG_MINIMUMS.items()
+        if name in watchdog and int(watchdog[name]) < least
+    ]
 
 
 def kv_cache_estimate(settings: dict, facts: dict, model_config: dict | None, tp: int, weights_bytes: int | None) -> dict | None:
@@ -331,6 +345,8 @@ def plan(settings: dict, facts: dict, model_config: dict | None = None, weights_
             decisions[setting] = chosen
     deployed_services = services(settings, args, env, size, replicas)
     deployed["upstreams"] = [f"127.0.0.1:{service['port']}" for service in deployed_services]
+    # The Compose service behind each upstream, in the same order (the engine watchdog probes them by name).
+    deployed["services"] = [service["name"] for service in deployed_services]
     deployed["gate_step"] = chosen["step"] if chosen else "as_planned"
     deployed["nccl_p2p_disable"] = env.get("NCCL_P2P_DISABLE") == "1"
     warnings = [f"downgraded after the GPU change: {item}" for item in lost] if settings.get("allow_downgrade") else []

@@ -11,6 +11,8 @@ Rewording a template here changes what is shown, never what is deployed.
 
 from __future__ import annotations
 
+import time
+
 TEMPLATES = {
     # A measured GPU pair's P2P status (_p2p.pair_status).
     "p2p.ok": "P2P copies arrive intact and beat the host-staged copy",
@@ -166,6 +168,30 @@ TEMPLATES = {
         "Evidence: {evidence}"
     ),
     "hub.fetch_failed": "downloading {model} at {commit} from {endpoint} failed (exit code {rc}); its last lines: {log}",
+    # The engine watchdog on the box (_watchdog.tick, gpubox-vllm-watchdog), into the journal.
+    "watchdog.no_deployment": "no vLLM deployment is recorded on this box; nothing to watch",
+    "watchdog.stopped": "vLLM's containers are stopped (by hand, or by the correctness gate); the watchdog leaves them so",
+    "watchdog.docker_restarting": "Docker is restarting {containers} (it exited); its restart policy brings it back",
+    "watchdog.starting": "{service} is starting: {seconds:.0f} s of its {grace_s:.0f} s to start (vllm_wait_timeout)",
+    "watchdog.healthy": "{servers} vLLM server(s) answer /health and a one-token completion",
+    "watchdog.busy": "{busy}: the probe's completion timed out while tokens kept flowing, so the engine is busy, not hung",
+    "watchdog.recovered": "vLLM serves again, {seconds:.0f} s after the watchdog recreated it",
+    "watchdog.failing": "probe failed ({count} of {failures} in a row before a restart): {problems}",
+    "watchdog.restart": (
+        "{failures} probes in a row failed ({problems}): recreating the Compose project "
+        "(restart {restarts} of at most {max_restarts} in {window})"
+    ),
+    "watchdog.gave_up": (
+        "{failures} probes in a row failed ({problems}) and {restarts} restarts in the last {window} did not keep vLLM "
+        "serving: the watchdog leaves it as it is until {next_at}. Read this journal and the project's "
+        "`docker compose logs`, fix the cause, then run site.yml"
+    ),
+    "watchdog.restart_failed": "recreating the Compose project failed (exit code {rc}): {output}",
+    "watchdog.health_unreachable": "{service}: /health did not answer ({error})",
+    "watchdog.health_status": "{service}: /health answered HTTP {status}",
+    "watchdog.completion_timeout": "{service}: a one-token completion did not answer within {seconds:.0f} s and no token moved",
+    "watchdog.completion_status": "{service}: a one-token completion answered HTTP {status} ({error})",
+    "watchdog.completion_unreachable": "{service}: a one-token completion did not answer ({error})",
 }
 
 
@@ -194,6 +220,15 @@ def say(code: str, **fields) -> str:
         fields["candidates"] = ", ".join(fields["candidates"])
     if "bound_from" in fields:
         fields["bound_words"] = BOUNDS.get(fields["bound_from"], fields["bound_from"])
+    if isinstance(fields.get("problems"), list):
+        fields["problems"] = "; ".join(explain(problem) for problem in fields["problems"])
+    for name in ("containers", "busy"):
+        if isinstance(fields.get(name), list):
+            fields[name] = ", ".join(fields[name])
+    if "window_s" in fields:
+        fields["window"] = f"{fields['window_s'] / 60:.0f} min"
+    if isinstance(fields.get("next_at"), (int, float)):
+        fields["next_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(fields["next_at"]))
     if "status" in fields and f"p2p.{fields['status']}" in TEMPLATES:
         fields.setdefault("status_words", TEMPLATES[f"p2p.{fields['status']}"])
     return TEMPLATES[code].format(**fields)

@@ -64,6 +64,8 @@ def role_vars(work: Path, image: str, records: Path | None = None, **extra) -> d
         "_vllm_state_dir": str(records / "state"),
         # A start-up line every 2 s, so that the tests see them.
         "_vllm_progress_interval": 2,
+        # This machine has no systemd to run the watchdog's timer: test_vllm_watchdog.py runs its program itself.
+        "vllm_watchdog": False,
         **extra,
     }
 

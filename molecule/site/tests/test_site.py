@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 PROJECT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
@@ -353,3 +354,69 @@ def test_the_summary_says_what_changed_and_what_was_measured():
     assert "Endpoint: http://" in text
     assert "Smoke test: 4/4 streams OK" in text
     assert text.rstrip().endswith("streaming")
+
+
+# ------------------------------------------------------------ the engine watchdog (last: it kills the engine)
+
+WATCHDOG_JOURNAL = "journalctl --unit gpubox-vllm-watchdog --output cat --no-pager"
+
+
+def test_the_watchdog_timer_runs_and_never_restarted_the_healthy_server(host):
+    """Through converge, idempotence, the swap and the tests above, the timer probed every 5 s and restarted nothing."""
+    timer = host.service("gpubox-vllm-watchdog.timer")
+    assert timer.is_running
+    assert timer.is_enabled
+    state = json.loads(host.file("/var/lib/gpubox/watchdog.json").content_string)
+    assert state["ticks"] >= 20, state
+    assert state["restarts_total"] == 0, host.check_output(WATCHDOG_JOURNAL)
+    config = json.loads(host.file("/etc/gpubox/vllm-watchdog.json").content_string)
+    assert config["policy"] == {"failures": 3, "max_restarts": 3, "window_s": 3600, "start_grace_s": 600}
+    assert "key" not in json.dumps(config).lower()
+    metrics = host.file("/var/lib/gpubox/metrics/vllm_watchdog.prom").content_string
+    assert "gpubox_vllm_watchdog_restarts_total 0\n" in metrics
+
+
+ENGINE_KILL = """
+import os, signal
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"VLLM::EngineCore"):
+        os.kill(int(pid), signal.SIGKILL)
+        print(pid)
+"""
+
+COMPLETION = """
+import json, sys, urllib.error, urllib.request
+body = {"model": "tiny", "prompt": "the quick brown fox jumps over a lazy dog while gpus share", "max_tokens": 1}
+request = urllib.request.Request("http://127.0.0.1/v1/completions", data=json.dumps(body).encode(),
+    headers={"Authorization": "Bearer molecule-key-0123456789abcdef", "Content-Type": "application/json"})
+try:
+    print(urllib.request.urlopen(request, timeout=10).status)
+except (urllib.error.URLError, OSError) as error:
+    print(getattr(error, "code", None) or error)
+"""
+
+
+def test_the_watchdog_restores_a_dead_engine_and_the_journal_says_why(host):
+    """The engine process killed inside the container; its API server stays up and Docker sees nothing to restart."""
+    container = host.check_output("docker compose --project-name gpubox-vllm ps --quiet vllm")
+    assert host.check_output(f"python3 -c {shlex.quote(COMPLETION)}") == "200"
+    assert host.check_output(f"docker exec gpubox-vllm-vllm-1 python3 -c {shlex.quote(ENGINE_KILL)}")
+    killed = time.monotonic()
+    answers, journal = [], ""
+    # Stated: failures x (interval + timeout) + the server's start; 3 x 15 s + about 30 s here.
+    while time.monotonic() - killed < 240:
+        answers.append(host.check_output(f"python3 -c {shlex.quote(COMPLETION)}"))
+        journal = host.check_output(WATCHDOG_JOURNAL)
+        if answers[-1] == "200" and "vLLM serves again" in journal:
+            break
+        time.sleep(5)
+    assert answers[-1] == "200", f"not serving {time.monotonic() - killed:.0f} s after the kill: {answers}\n{journal}"
+    assert "vLLM serves again" in journal, journal
+    assert answers[0] != "200", answers  # the engine was dead: Nginx answered an error until the restart
+    assert "probe failed (1 of 3 in a row before a restart): vllm: /health answered HTTP 503" in journal
+    assert "3 probes in a row failed (vllm: /health answered HTTP 503): recreating the Compose project" in journal
+    assert "last 40 log lines of gpubox-vllm-vllm-1:" in journal
+    assert "EngineDeadError" in journal or "EngineCore encountered an issue" in journal
+    assert host.check_output("docker compose --project-name gpubox-vllm ps --quiet vllm") != container
+    state = json.loads(host.file("/var/lib/gpubox/watchdog.json").content_string)
+    assert state["restarts_total"] == 1

@@ -254,6 +254,9 @@ def test_cpu_backend():
 
 # ------------------------------------------------------------ validation
 
+# The engine watchdog's settings as vars/main.yml assembles them (the defaults).
+WATCHDOG = {"enabled": True, "interval": 30, "timeout": 30, "failures": 3, "max_restarts": 3}
+
 
 @pytest.mark.parametrize(
     ("overrides", "facts", "message"),
@@ -273,6 +276,10 @@ def test_cpu_backend():
         ({"model": ""}, {"gpu": gpus(1)}, "vllm_model must name a Hugging Face model id or an absolute path"),
         ({"port": 0}, {"gpu": gpus(1)}, "vllm_port=0 must be a TCP port, from 1 to 65535"),
         ({"port": 70000}, {"gpu": gpus(1)}, "vllm_port=70000 must be a TCP port, from 1 to 65535"),
+        ({"watchdog": {**WATCHDOG, "interval": 1}}, {"gpu": gpus(1)}, "vllm_watchdog_interval=1 must be at least 5"),
+        ({"watchdog": {**WATCHDOG, "failures": 0}}, {"gpu": gpus(1)}, "vllm_watchdog_failures=0 must be at least 1"),
+        ({"watchdog": {**WATCHDOG, "max_restarts": 0}}, {"gpu": gpus(1)}, "vllm_watchdog_max_restarts=0 must be at least 1"),
+        ({"watchdog": {**WATCHDOG, "timeout": 0}}, {"gpu": gpus(1)}, "vllm_watchdog_timeout=0 must be at least 1"),
     ],
 )
 def test_each_rule(overrides, facts, message):
@@ -283,6 +290,12 @@ def test_each_rule(overrides, facts, message):
 
 def test_valid_settings_have_no_errors():
     assert plan(settings(tensor_parallel_size=2), {"gpu": gpus(2)}, LLAMA_8B)["errors"] == []
+
+
+def test_a_watchdog_that_is_off_is_not_checked():
+    off = {**WATCHDOG, "enabled": False, "interval": 0}
+    assert plan(settings(watchdog=off), {"gpu": gpus(1)}, LLAMA_8B)["errors"] == []
+    assert plan(settings(watchdog=WATCHDOG), {"gpu": gpus(1)}, LLAMA_8B)["errors"] == []
 
 
 # ------------------------------------------------------------ KV cache
@@ -327,6 +340,7 @@ def test_the_record_is_what_the_next_run_compares_with():
         "layout": "tp2",
         "replicas": 1,
         "upstreams": ["127.0.0.1:8000"],
+        "services": ["vllm"],
     }
     assert plan(settings(), {"gpu": gpus(2), "gpu_p2p": {"decisions": BROKEN}}, LLAMA_8B)["record"]["nccl_p2p_disable"]
 
@@ -651,6 +665,7 @@ def test_replicas_take_their_own_gpus_and_ports():
         ("vllm-4", 8103, ["3"], "8103", "1"),
     ]
     assert result["record"]["upstreams"] == [f"127.0.0.1:{port}" for port in range(8100, 8104)]
+    assert result["record"]["services"] == ["vllm", "vllm-2", "vllm-3", "vllm-4"]
     assert result["reasons"]["layout"] == "4 replicas of 1 GPU(s) each behind Nginx (vllm_layout=replicas)"
     assert result["record"]["layout"] == "4xtp1"
 
