@@ -10,7 +10,7 @@ from ansible_collections.gpubox.inference.plugins.module_utils._summary import s
 
 
 def deployment_summary(parts, host):
-    """``{gpu, gpu_p2p, preflight, vllm, endpoint, smoke}`` -> lines of text for ``host``."""
+    """``{gpu, gpu_p2p, preflight, vllm, endpoint, smoke, power}`` -> lines of text for ``host``."""
     if not isinstance(parts, dict):
         raise AnsibleFilterError(f"deployment_summary: needs a dict of parts, got {type(parts).__name__}")
     return summary(str(host), {key: value for key, value in parts.items() if isinstance(value, dict)})

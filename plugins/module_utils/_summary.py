@@ -135,8 +135,29 @@ def _smoke_lines(smoke: dict) -> list[str]:
     ]
 
 
+def _power_lines(power: dict) -> list[str]:
+    gpus = power.get("gpus") or []
+    if not gpus:
+        return []
+    limits = ", ".join(
+        f"GPU{gpu['index']} {gpu['target_w'] if gpu.get('target_w') is not None else gpu.get('limit_w'):g} W" for gpu in gpus
+    )
+    persistence = "on" if all(gpu.get("persistence_target") for gpu in gpus) else "as it was"
+    return [f"GPU power: {limits}, persistence mode {persistence}; set again at every boot (gpubox-gpu-power.service)"]
+
+
+def _watch_lines(vllm: dict) -> list[str]:
+    watchdog = (vllm or {}).get("watchdog") or {}
+    if not watchdog:
+        return []
+    return [
+        f"Watched: the engine watchdog probes vLLM every {watchdog['interval']} s and recreates it when its engine dies or "
+        "hangs (journalctl -u gpubox-vllm-watchdog; /var/lib/gpubox/metrics/vllm_watchdog.prom)"
+    ]
+
+
 def summary(host: str, parts: dict) -> list[str]:
-    """Lines for one host. ``parts``: gpu, gpu_p2p, preflight, vllm, endpoint, smoke (each optional)."""
+    """Lines for one host. ``parts``: gpu, gpu_p2p, preflight, vllm, endpoint, smoke, power (each optional)."""
     lines = [f"{host}:"]
     lines += _gpu_lines(parts.get("gpu") or {})
     lines += _preflight_lines(parts.get("preflight") or {})
@@ -146,6 +167,8 @@ def summary(host: str, parts: dict) -> list[str]:
     if endpoint.get("url"):
         lines.append(f"Endpoint: {endpoint['url']} (OpenAI-compatible; {endpoint.get('auth', 'API key required')})")
     lines += _smoke_lines(parts.get("smoke") or {})
+    lines += _power_lines(parts.get("power") or {})
+    lines += _watch_lines(parts.get("vllm") or {})
     if len(lines) == 1:
         lines.append("nothing deployed in this run (check the tags and vllm_model / nginx_proxy_api_keys)")
     return lines

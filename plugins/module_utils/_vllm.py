@@ -81,20 +81,20 @@ def validate(settings: dict, facts: dict, model_config: dict | None, tp: int) ->
     port = _port(settings)
     if not 1 <= port <= 65535:
         errors.append(f"vllm_port={port} must be a TCP port, from 1 to 65535")
-    return errors + _watchdog_errors(settings.get("watchdog") or {})
+    return errors + _watchdog_errors(settings)
 
 
 # The engine watchdog's settings and their least sound values (tasks/watchdog.yml).
-WATCHDOG_MINIMUMS = {"interval": 5, "timeout": 1, "failures": 1, "max_restarts": 1}
+WATCHDOG_MINIMUMS = {"watchdog_interval": 5, "watchdog_timeout": 1, "watchdog_failures": 1, "watchdog_max_restarts": 1}
 
 
-def _watchdog_errors(watchdog: dict) -> list[str]:
-    if not watchdog.get("enabled"):
+def _watchdog_errors(settings: dict) -> list[str]:
+    if not settings.get("watchdog"):
         return []
     return [
-        f"vllm_watchdog_{name}={watchdog[name]} must be at least {least}"
+        f"vllm_{name}={settings[name]} must be at least {least}"
         for name, least in WATCHDOG_MINIMUMS.items()
-        if name in watchdog and int(watchdog[name]) < least
+        if settings.get(name) is not None and int(settings[name]) < least
     ]
 
 

@@ -192,6 +192,13 @@ TEMPLATES = {
     "watchdog.completion_timeout": "{service}: a one-token completion did not answer within {seconds:.0f} s and no token moved",
     "watchdog.completion_status": "{service}: a one-token completion answered HTTP {status} ({error})",
     "watchdog.completion_unreachable": "{service}: a one-token completion did not answer ({error})",
+    # The power sweep (_power.sweep, playbooks/power.yml).
+    "power.knee": (
+        "{limit_w:.0f} W keeps {speed_share:.0%} of the fastest speed (at {fastest_w:.0f} W) with {tokens_per_joule:.3f} "
+        "tokens per joule against {fastest_tokens_per_joule:.3f}, drawing {watts:.0f} W against {fastest_watts:.0f} W: "
+        "set gpubox_gpu_power_limit_w: {limit_w:.0f}"
+    ),
+    "power.none": "no step of the sweep served every request with an energy reading; nothing to recommend",
 }
 
 

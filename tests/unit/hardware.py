@@ -88,6 +88,10 @@ RYZEN_CHIPSET = {
 
 # ------------------------------------------------------------ NVML
 
+# An RTX 3090's power limits in NVML (mW): 350 W by default (its TDP), settable from 100 W to 400 W as the
+# Founders Edition reports them; persistence mode off, as after a boot.
+RTX3090_POWER = {"default_mw": 350000, "min_mw": 100000, "max_mw": 400000}
+
 # Two RTX 3090s as one capture reports them (A_topo_m/2x_rtx3090_SYS_...: bus 09:00.0 and 41:00.0,
 # driver 595.71.05, GPU0-GPU1=SYS). UUIDs and serials are made up; consumer cards report no serial.
 RTX3090_PAIR = {
@@ -105,6 +109,7 @@ RTX3090_PAIR = {
             "width": [16, 16],
             "numa": None,
             "cc": [8, 6],
+            "power": RTX3090_POWER,
         },
         {
             "name": "NVIDIA GeForce RTX 3090",
@@ -117,6 +122,7 @@ RTX3090_PAIR = {
             "width": [4, 16],
             "numa": 1,
             "cc": [8, 6],
+            "power": RTX3090_POWER,
         },
     ],
     # NVML P2P status per caps index (read, write, nvlink, atomics, prop); 5 = not supported.

@@ -306,6 +306,8 @@ def test_exactly_the_swap_path_ran():
         "Remember what was deployed, for the next run's comparison",
         # A new GPU fingerprint is a new key: the correctness gate judged again and stored it.
         "Store the reference and the verdicts",
+        # The new card (and, after the swap's reboot, the old one) back at their default limits: set again.
+        "Set GPU persistence mode and the power limits",
     }
 
 
@@ -353,7 +355,49 @@ def test_the_summary_says_what_changed_and_what_was_measured():
     assert "Correctness gate: the correctness gate passed with the configuration as planned" in text
     assert "Endpoint: http://" in text
     assert "Smoke test: 4/4 streams OK" in text
-    assert text.rstrip().endswith("streaming")
+    assert "GPU power: GPU0 298 W, GPU1 298 W, persistence mode on; set again at every boot" in text
+    assert "Watched: the engine watchdog probes vLLM every 5 s" in text
+
+
+# ------------------------------------------------------------ gpubox: GPU power
+
+RESET_POWER = """
+import json
+path = "/etc/gpubox-test/nvml.json"
+machine = json.load(open(path))
+for gpu in machine["gpus"]:
+    gpu["persistence"] = 0
+    gpu["power"].pop("limit_mw", None)
+machine["set"] = []
+json.dump(machine, open(path, "w"))
+"""
+
+
+def stand_in_gpus(host) -> dict:
+    return json.loads(host.file("/etc/gpubox-test/nvml.json").content_string)
+
+
+def test_gpu_power_was_set_and_is_set_again_at_boot(host):
+    """85% of the cards' 350 W default; a boot puts the cards back at their defaults and the unit sets them again."""
+    machine = stand_in_gpus(host)
+    assert [(gpu["power"]["limit_mw"], gpu["persistence"]) for gpu in machine["gpus"]] == [(298000, 1), (298000, 1)]
+    assert json.loads(host.file("/etc/gpubox/gpu-power.json").content_string) == {"limit": "85%", "persistence": True}
+    assert host.file("/etc/gpubox/environment").mode == 0o600
+    assert host.service("gpubox-gpu-power").is_enabled
+    unit = host.file("/etc/systemd/system/gpubox-gpu-power.service").content_string
+    assert "Before=docker.service" in unit
+    assert "After=systemd-modules-load.service nvidia-persistenced.service" in unit
+    host.check_output(f"python3 -c {shlex.quote(RESET_POWER)}")
+    host.check_output("systemctl restart gpubox-gpu-power")
+    machine = stand_in_gpus(host)
+    assert machine["set"] == [
+        {"gpu": 0, "persistence": 1},
+        {"gpu": 0, "power_limit_mw": 298000},
+        {"gpu": 1, "persistence": 1},
+        {"gpu": 1, "power_limit_mw": 298000},
+    ]
+    journal = host.check_output("journalctl --unit gpubox-gpu-power --output cat --no-pager")
+    assert "GPU1 NVIDIA GeForce RTX 3090: power limit 298.0 W, persistence mode on (set: power_limit, persistence)" in journal
 
 
 # ------------------------------------------------------------ the engine watchdog (last: it kills the engine)

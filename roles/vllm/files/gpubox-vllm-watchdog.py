@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 # Copyright (c) gpubox.inference contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """gpubox-vllm-watchdog: one probe of the vLLM servers this box deployed (run by gpubox-vllm-watchdog.timer).
@@ -11,7 +10,7 @@ decision says so, after writing the servers' last log lines to the journal. Line
 the journal's priority prefixes (<3> error, <4> warning, <6> info); the state between runs is a JSON
 file, the Prometheus metrics a textfile for node exporter's collector.
 
-Usage: gpubox-vllm-watchdog [CONFIG]   (default /etc/gpubox/vllm-watchdog.json)
+Usage: python3 gpubox-vllm-watchdog.py [CONFIG]   (default /etc/gpubox/vllm-watchdog.json)
 """
 
 from __future__ import annotations
@@ -135,7 +134,7 @@ def probe(service: str, address: str, model: str, key: str, config: dict) -> dic
             "timed_out": timed_out,
             "timeout_s": config["timeout_s"],
         }
-        metrics_status, metrics_text, _ = request(f"{base}/metrics", config["health_timeout_s"])
+        metrics_status, metrics_text, _timed_out = request(f"{base}/metrics", config["health_timeout_s"])
         result["progress"] = _watchdog.progress(metrics_text) if metrics_status == 200 else None
     return result
 

@@ -156,3 +156,27 @@ def test_replicas_of_one_gpu_each_need_no_p2p_and_each_is_an_upstream(box):
     # The record vllm_deployment publishes, whose upstreams site.yml's Nginx play takes.
     assert plan["record"]["upstreams"] == ["127.0.0.1:8000", "127.0.0.1:8001"]
     assert plan["record"]["layout"] == "2xtp1"
+
+
+def test_a_power_limit_a_card_cannot_take_stops_every_run_before_the_box_changes(box):
+    """450 W on RTX 3090s (100 to 400 W): refused in the run's read-only part, whatever the tags, with both limits named."""
+    for tags in ("all", "vllm"):
+        run = run_site(box, "--tags", tags, "-e", "gpubox_gpu_power_limit_w=450")
+        (check,) = task_results(run, "Check the power limit against every GPU's constraints")
+        assert check["failed"] is True
+        assert check["msg"].startswith(
+            "gpubox_gpu_power_limit_w='450': 450 W is outside the power limits of GPU0 (NVIDIA GeForce RTX 3090), "
+            "100 W to 400 W (NVML)"
+        )
+        assert not task_results(run, "Plan the deployment"), "the play went on past the refusal"
+        assert not task_results(run, "Set GPU persistence mode and the power limits")
+        # Only the OS baseline (base, the first play, on this unconverged machine) comes before the check.
+        changed = {task["task"]["name"].split(" : ")[0] for play in run["plays"] for task in play["tasks"]
+                   for result in task["hosts"].values() if result.get("changed")}  # fmt: skip
+        assert changed <= {"gpubox.inference.base"}, changed
+
+
+def test_the_power_limit_is_a_share_of_each_cards_default(box):
+    run = run_site(box, "--tags", "gpubox", "-e", "gpubox_gpu_power_limit_w=85%")
+    (power,) = task_results(run, "Set GPU persistence mode and the power limits")
+    assert [(gpu["target_w"], gpu["changes"]) for gpu in power["gpus"]] == [(298.0, ["power_limit", "persistence"])] * 2

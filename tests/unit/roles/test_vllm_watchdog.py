@@ -92,7 +92,7 @@ def container_id() -> str:
 
 def test_a_healthy_server_is_never_restarted(server):
     before = container_id()
-    lines = [line for _ in range(8) for line in tick(server)]
+    lines = [line for _tick in range(8) for line in tick(server)]
     assert lines == ["<6>1 vLLM server(s) answer /health and a one-token completion"]
     assert state(server)["ticks"] == 8
     assert state(server)["restarts_total"] == 0
@@ -147,6 +147,6 @@ def test_a_dead_engine_whose_api_server_stays_up_is_restarted(server):
 
 def test_containers_stopped_on_purpose_are_left_alone(server):
     docker("compose", "--project-name", PROJECT, "stop", "--timeout", "5")
-    lines = [line for _ in range(4) for line in tick(server)]
+    lines = [line for _tick in range(4) for line in tick(server)]
     assert lines == ["<6>vLLM's containers are stopped (by hand, or by the correctness gate); the watchdog leaves them so"]
     assert docker("compose", "--project-name", PROJECT, "ps", "--quiet") == ""

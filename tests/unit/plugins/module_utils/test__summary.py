@@ -139,3 +139,15 @@ def test_replicas_and_the_layout_choice_are_said():
     assert "Model: qwen (Qwen/Qwen2.5-7B-Instruct), tensor parallel 1, 2 replicas on 127.0.0.1:8000, 127.0.0.1:8001" in lines
     assert "Layout: 2xtp1 measured 45.0 tokens/s ..." in lines
     assert not any(line.startswith("Layout") for line in summary("box", {"vllm": VLLM}))
+
+
+def test_gpu_power_and_what_is_watched_are_said():
+    power = {"gpus": [{"index": 0, "target_w": 298.0, "limit_w": 350.0, "persistence_target": True},
+                      {"index": 1, "target_w": None, "limit_w": 350.0, "persistence_target": True}]}  # fmt: skip
+    lines = summary("box", {"power": power, "vllm": {**VLLM, "watchdog": {"interval": 30}}})
+    assert "GPU power: GPU0 298 W, GPU1 350 W, persistence mode on; set again at every boot (gpubox-gpu-power.service)" in lines
+    assert lines[-1] == (
+        "Watched: the engine watchdog probes vLLM every 30 s and recreates it when its engine dies or hangs "
+        "(journalctl -u gpubox-vllm-watchdog; /var/lib/gpubox/metrics/vllm_watchdog.prom)"
+    )
+    assert not any(line.startswith(("Watched", "GPU power")) for line in summary("box", {"vllm": VLLM, "power": {"gpus": []}}))

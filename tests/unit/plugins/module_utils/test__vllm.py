@@ -255,7 +255,7 @@ def test_cpu_backend():
 # ------------------------------------------------------------ validation
 
 # The engine watchdog's settings as vars/main.yml assembles them (the defaults).
-WATCHDOG = {"enabled": True, "interval": 30, "timeout": 30, "failures": 3, "max_restarts": 3}
+WATCHDOG = {"watchdog": True, "watchdog_interval": 30, "watchdog_timeout": 30, "watchdog_failures": 3, "watchdog_max_restarts": 3}
 
 
 @pytest.mark.parametrize(
@@ -276,10 +276,10 @@ WATCHDOG = {"enabled": True, "interval": 30, "timeout": 30, "failures": 3, "max_
         ({"model": ""}, {"gpu": gpus(1)}, "vllm_model must name a Hugging Face model id or an absolute path"),
         ({"port": 0}, {"gpu": gpus(1)}, "vllm_port=0 must be a TCP port, from 1 to 65535"),
         ({"port": 70000}, {"gpu": gpus(1)}, "vllm_port=70000 must be a TCP port, from 1 to 65535"),
-        ({"watchdog": {**WATCHDOG, "interval": 1}}, {"gpu": gpus(1)}, "vllm_watchdog_interval=1 must be at least 5"),
-        ({"watchdog": {**WATCHDOG, "failures": 0}}, {"gpu": gpus(1)}, "vllm_watchdog_failures=0 must be at least 1"),
-        ({"watchdog": {**WATCHDOG, "max_restarts": 0}}, {"gpu": gpus(1)}, "vllm_watchdog_max_restarts=0 must be at least 1"),
-        ({"watchdog": {**WATCHDOG, "timeout": 0}}, {"gpu": gpus(1)}, "vllm_watchdog_timeout=0 must be at least 1"),
+        ({**WATCHDOG, "watchdog_interval": 1}, {"gpu": gpus(1)}, "vllm_watchdog_interval=1 must be at least 5"),
+        ({**WATCHDOG, "watchdog_failures": 0}, {"gpu": gpus(1)}, "vllm_watchdog_failures=0 must be at least 1"),
+        ({**WATCHDOG, "watchdog_max_restarts": 0}, {"gpu": gpus(1)}, "vllm_watchdog_max_restarts=0 must be at least 1"),
+        ({**WATCHDOG, "watchdog_timeout": 0}, {"gpu": gpus(1)}, "vllm_watchdog_timeout=0 must be at least 1"),
     ],
 )
 def test_each_rule(overrides, facts, message):
@@ -293,9 +293,9 @@ def test_valid_settings_have_no_errors():
 
 
 def test_a_watchdog_that_is_off_is_not_checked():
-    off = {**WATCHDOG, "enabled": False, "interval": 0}
-    assert plan(settings(watchdog=off), {"gpu": gpus(1)}, LLAMA_8B)["errors"] == []
-    assert plan(settings(watchdog=WATCHDOG), {"gpu": gpus(1)}, LLAMA_8B)["errors"] == []
+    off = {**WATCHDOG, "watchdog": False, "watchdog_interval": 0}
+    assert plan(settings(**off), {"gpu": gpus(1)}, LLAMA_8B)["errors"] == []
+    assert plan(settings(**WATCHDOG), {"gpu": gpus(1)}, LLAMA_8B)["errors"] == []
 
 
 # ------------------------------------------------------------ KV cache

@@ -34,9 +34,9 @@ def seen(*probes, containers=None) -> dict:
     return {"deployed": True, "containers": containers or [container()], "probes": list(probes)}
 
 
-def run(ticks, state=None, policy=POLICY):
+def run(ticks, state=None, policy=None):
     """Tick through ``(now, seen)`` pairs; every action, and the last state."""
-    actions = []
+    policy, actions = policy or POLICY, []
     for now, observation in ticks:
         state, action = _watchdog.tick(state, observation, now, policy)
         actions.append(action)
