@@ -199,6 +199,27 @@ TEMPLATES = {
         "set gpubox_gpu_power_limit_w: {limit_w:.0f}"
     ),
     "power.none": "no step of the sweep served every request with an energy reading; nothing to recommend",
+    # The drift watch (_drift.compare, gpubox-drift), into the journal: what changed since the last deployment.
+    "drift.gpus": "the GPUs are not the ones deployed on (fingerprint {recorded:.12} then, {now:.12} now): run site.yml",
+    "drift.driver": "the NVIDIA driver changed from {recorded} to {now} since the deployment: run site.yml",
+    "drift.link_width": (
+        "GPU{gpu} ({bus_id}) runs its link at x{now}, x{recorded} when deployed (it supports x{max}): reseat the card "
+        "or check the slot and riser"
+    ),
+    "drift.link_gen_max": (
+        "GPU{gpu} ({bus_id}) can reach only Gen{now} now, Gen{recorded} when deployed: a BIOS setting or the slot changed"
+    ),
+    "drift.link_width_max": "GPU{gpu} ({bus_id}) can reach only x{now} now, x{recorded} when deployed",
+    "drift.link_gen_under_load": (
+        "GPU{gpu} ({bus_id}) runs its link at Gen{now} under load ({state}) where it reaches Gen{max}: downtrained"
+    ),
+    "drift.acs_redirect": (
+        "ACS now redirects peer-to-peer traffic on {bridges} (a BIOS update turns it back on): NCCL over P2P may hang; "
+        "run site.yml, whose preflight turns P2P off or remediates"
+    ),
+    "drift.iommu": "the IOMMU mode changed from {recorded} to {now} since the deployment: run site.yml",
+    "drift.image": "vLLM's containers run {now}, not the image deployed ({recorded}): run site.yml",
+    "drift.none": "no drift: the GPUs, their links, ACS, the IOMMU, the driver and vLLM's image are as deployed",
 }
 
 
@@ -229,6 +250,8 @@ def say(code: str, **fields) -> str:
         fields["bound_words"] = BOUNDS.get(fields["bound_from"], fields["bound_from"])
     if isinstance(fields.get("problems"), list):
         fields["problems"] = "; ".join(explain(problem) for problem in fields["problems"])
+    if code.startswith("drift."):
+        fields = {key: ", ".join(value) if isinstance(value, list) else value for key, value in fields.items()}
     for name in ("containers", "busy"):
         if isinstance(fields.get(name), list):
             fields[name] = ", ".join(fields[name])
