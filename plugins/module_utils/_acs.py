@@ -2,7 +2,9 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Private: read PCIe ACS (``lspci -vvv`` or raw config space) and IOMMU settings (the kernel command line).
 
-Pure functions, text in and data out, no Ansible imports. ACS (Access Control
+Pure functions, text in and data out, no Ansible imports, except ``read_configs``, which reads
+each device's configuration space under a root folder (/ on a box, a hand-made tree in tests),
+as ``_pcie.read_sysfs_pci`` reads /sys. ACS (Access Control
 Services) on a PCIe bridge decides whether a peer-to-peer request between two
 devices below it may go straight across, or is redirected up to the root
 complex (and through the IOMMU when it translates). Redirected GPU P2P is the
@@ -13,6 +15,7 @@ says whether P2P is being redirected and where.
 
 from __future__ import annotations
 
+import os
 import re
 
 from ansible_collections.gpubox.inference.plugins.module_utils._pcie import normalize_bdf
@@ -101,6 +104,25 @@ def parse_config_acs(config: bytes) -> dict | None:
             return {"cap": cap, "ctl": ctl}
         offset = header >> 20 & 0xFFC
     return None
+
+
+def read_configs(root: str, sysfs: dict[str, dict]) -> dict[str, dict]:
+    """Each device of a ``_pcie.read_sysfs_pci`` result with its configuration space as /sys gives it to this user.
+
+    ``config`` is the bytes read (None when there is no file), ``size`` the file's full size (a reader without
+    root gets only the first 64 bytes of a 4096-byte space). ``root`` is / on a box, a hand-made tree in tests.
+    """
+    devices = {}
+    for bdf, info in sysfs.items():
+        path = os.path.join(root, "sys", "bus", "pci", "devices", bdf, "config")
+        try:
+            with open(path, "rb") as handle:
+                config = handle.read()
+            size = os.path.getsize(path)
+        except OSError:
+            config, size = None, None
+        devices[bdf] = {**info, "config": config, "size": size}
+    return devices
 
 
 def sysfs_acs(devices: dict[str, dict]) -> tuple[list[dict], str | None]:

@@ -37,6 +37,16 @@ def reading(gpu: dict, acs: dict, iommu: dict, images: list[str], now: float) ->
     }
 
 
+def baseline(reading_: dict) -> dict:
+    """The part of a reading that stays while nothing drifts (no time, no load-dependent link generation)."""
+    kept = {key: value for key, value in reading_.items() if key != "at"}
+    kept["gpus"] = [
+        {key: value for key, value in gpu.items() if key not in ("pcie_gen_current", "performance_state")}
+        for gpu in reading_.get("gpus") or []
+    ]
+    return kept
+
+
 def compare(recorded: dict, now: dict) -> list[dict]:
     """The differences that matter between the recorded reading and the current one; [] when none."""
     findings = []

@@ -85,6 +85,7 @@ def _device(nvml, index: int, handle) -> dict:
     pci = nvml.nvmlDeviceGetPciInfo(handle)
     memory = _optional(nvml, "nvmlDeviceGetMemoryInfo", handle)
     capability = _optional(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
+    pstate = _optional(nvml, "nvmlDeviceGetPerformanceState", handle)
     return {
         "index": index,
         "name": _text(nvml.nvmlDeviceGetName(handle)),
@@ -99,6 +100,8 @@ def _device(nvml, index: int, handle) -> dict:
         "pcie_width_max": _optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
         "numa_node": _optional(nvml, "nvmlDeviceGetNumaNodeId", handle),
         "compute_capability": f"{capability[0]}.{capability[1]}" if capability else None,
+        # P0 (full load) to P12 (idle): a link below its best generation is a fault only under load.
+        "performance_state": f"P{pstate}" if pstate is not None else None,
     }
 
 

@@ -146,18 +146,23 @@ def _power_lines(power: dict) -> list[str]:
     return [f"GPU power: {limits}, persistence mode {persistence}; set again at every boot (gpubox-gpu-power.service)"]
 
 
-def _watch_lines(vllm: dict) -> list[str]:
+def _watch_lines(vllm: dict, drift: dict) -> list[str]:
     watchdog = (vllm or {}).get("watchdog") or {}
-    if not watchdog:
-        return []
-    return [
-        f"Watched: the engine watchdog probes vLLM every {watchdog['interval']} s and recreates it when its engine dies or "
-        "hangs (journalctl -u gpubox-vllm-watchdog; /var/lib/gpubox/metrics/vllm_watchdog.prom)"
-    ]
+    parts = []
+    if watchdog:
+        parts.append(
+            f"the engine watchdog probes vLLM every {watchdog['interval']} s and recreates it when its engine dies or hangs "
+            "(journalctl -u gpubox-vllm-watchdog)"
+        )
+    if drift.get("interval"):
+        parts.append(
+            f"the drift watch compares the box with this deployment every {drift['interval']} s (journalctl -u gpubox-drift)"
+        )
+    return [f"Watched: {'; '.join(parts)}; metrics in /var/lib/gpubox/metrics"] if parts else []
 
 
 def summary(host: str, parts: dict) -> list[str]:
-    """Lines for one host. ``parts``: gpu, gpu_p2p, preflight, vllm, endpoint, smoke, power (each optional)."""
+    """Lines for one host. ``parts``: gpu, gpu_p2p, preflight, vllm, endpoint, smoke, power, drift (each optional)."""
     lines = [f"{host}:"]
     lines += _gpu_lines(parts.get("gpu") or {})
     lines += _preflight_lines(parts.get("preflight") or {})
@@ -168,7 +173,7 @@ def summary(host: str, parts: dict) -> list[str]:
         lines.append(f"Endpoint: {endpoint['url']} (OpenAI-compatible; {endpoint.get('auth', 'API key required')})")
     lines += _smoke_lines(parts.get("smoke") or {})
     lines += _power_lines(parts.get("power") or {})
-    lines += _watch_lines(parts.get("vllm") or {})
+    lines += _watch_lines(parts.get("vllm") or {}, parts.get("drift") or {})
     if len(lines) == 1:
         lines.append("nothing deployed in this run (check the tags and vllm_model / nginx_proxy_api_keys)")
     return lines

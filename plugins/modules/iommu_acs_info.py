@@ -118,6 +118,7 @@ from ansible_collections.gpubox.inference.plugins.module_utils._acs import (
     judge_acs,
     parse_cmdline,
     parse_lspci_acs,
+    read_configs,
     sysfs_acs,
 )
 from ansible_collections.gpubox.inference.plugins.module_utils._module_io import C_LOCALE, read_src, run_checked
@@ -147,21 +148,6 @@ def _iommu_groups(root: str, bus_ids: list[str]) -> dict[str, str]:
 NO_LSPCI = "Install pciutils (the gpubox.inference.base role does) or give a saved output in lspci_src."
 
 
-def _configs(root: str, sysfs: dict[str, dict]) -> dict[str, dict]:
-    """Each device's configuration space as /sys gives it to this user, with the file's full size."""
-    devices = {}
-    for bdf, info in sysfs.items():
-        path = os.path.join(root, "sys", "bus", "pci", "devices", bdf, "config")
-        try:
-            with open(path, "rb") as handle:
-                config = handle.read()
-            size = os.path.getsize(path)
-        except OSError:
-            config, size = None, None
-        devices[bdf] = {**info, "config": config, "size": size}
-    return devices
-
-
 def main() -> None:
     module = build_module()
     module.run_command_environ_update = C_LOCALE
@@ -182,7 +168,7 @@ def main() -> None:
         if source == "lspci_src":
             entries = parse_lspci_acs(read_src(module, "lspci_src"))
         elif source == "sysfs":
-            entries, why = sysfs_acs(_configs(root, sysfs))
+            entries, why = sysfs_acs(read_configs(root, sysfs))
             if why:
                 unreadable = f"lspci is not installed and {why}, so ACS is unknown. {NO_LSPCI}"
         else:

@@ -75,6 +75,36 @@ def lspci_dump(bdf: str, config: bytes) -> str:
     return f"{bdf} PCI bridge: test\n" + "\n".join(rows) + "\n\n"
 
 
+# The 2x RTX 3090 stand-in box's PCI tree (the bus ids of RTX3090_PAIR), each GPU below its own root port
+# as on the captured EPYC board, every bridge with ACS and none redirecting: the drift watch's /sys in the
+# unit tests and on Molecule's box (molecule/site/prepare.yml builds it there with ``stand_in_box``).
+STAND_IN_BRIDGES = ("0000:00:01.1", "0000:40:01.1")
+STAND_IN_GPUS = ("0000:09:00.0", "0000:41:00.0")
+ACS_SRC_VALID, ACS_REQ_REDIR, ACS_CMPLT_REDIR = 1 << 0, 1 << 2, 1 << 3
+
+
+def set_acs(root: Path, bdf: str, control: int) -> None:
+    """Write a bridge's configuration space with ACS (all capabilities but DirectTrans) and ``control`` set."""
+    (root / "sys" / "bus" / "pci" / "devices" / bdf / "config").write_bytes(config_space((0x5F, control)))
+
+
+def stand_in_box(root: Path, cmdline: str = "ro quiet iommu=pt") -> Path:
+    """/sys and /proc/cmdline of the stand-in box under ``root``."""
+    make_sysfs(root, {
+        "pci0000:00/0000:00:01.1": bridge(),
+        "pci0000:00/0000:00:01.1/0000:09:00.0": gpu(),
+        "pci0000:40/0000:40:01.1": bridge(),
+        "pci0000:40/0000:40:01.1/0000:41:00.0": gpu(cur_speed="5.0 GT/s PCIe", cur_width="4"),
+    })  # fmt: skip
+    for bdf in STAND_IN_BRIDGES:
+        set_acs(root, bdf, ACS_SRC_VALID)
+    for bdf in STAND_IN_GPUS:
+        (root / "sys" / "bus" / "pci" / "devices" / bdf / "config").write_bytes(config_space(None, 0x10DE, 0x2204, 0x0300))
+    (root / "proc").mkdir(exist_ok=True)
+    (root / "proc" / "cmdline").write_text(cmdline + "\n")
+    return root
+
+
 RYZEN_CHIPSET = {
     "pci0000:00/0000:00:01.1": bridge(),
     "pci0000:00/0000:00:01.1/0000:01:00.0": gpu(),

@@ -308,6 +308,8 @@ def test_exactly_the_swap_path_ran():
         "Store the reference and the verdicts",
         # The new card (and, after the swap's reboot, the old one) back at their default limits: set again.
         "Set GPU persistence mode and the power limits",
+        # The new GPUs recorded for the drift watch.
+        "Record the box as deployed",
     }
 
 
@@ -357,6 +359,7 @@ def test_the_summary_says_what_changed_and_what_was_measured():
     assert "Smoke test: 4/4 streams OK" in text
     assert "GPU power: GPU0 298 W, GPU1 298 W, persistence mode on; set again at every boot" in text
     assert "Watched: the engine watchdog probes vLLM every 5 s" in text
+    assert "the drift watch compares the box with this deployment every 600 s (journalctl -u gpubox-drift)" in text
 
 
 # ------------------------------------------------------------ gpubox: GPU power
@@ -398,6 +401,54 @@ def test_gpu_power_was_set_and_is_set_again_at_boot(host):
     ]
     journal = host.check_output("journalctl --unit gpubox-gpu-power --output cat --no-pager")
     assert "GPU1 NVIDIA GeForce RTX 3090: power limit 298.0 W, persistence mode on (set: power_limit, persistence)" in journal
+
+
+# ------------------------------------------------------------ gpubox: the drift watch
+
+DRIFT_JOURNAL = "journalctl --unit gpubox-drift --output cat --no-pager"
+# GPU0's link trains down to x4; a BIOS update turns ACS redirection back on at the root port above GPU1.
+DRIFT = """
+import json, pathlib, sys
+sys.path.insert(0, "/opt/gpubox-test/python")
+import hardware
+path = "/etc/gpubox-test/nvml.json"
+machine = json.load(open(path))
+machine["gpus"][0]["width"] = [4, 16] if sys.argv[1] == "drift" else [16, 16]
+json.dump(machine, open(path, "w"))
+control = hardware.ACS_SRC_VALID | (hardware.ACS_REQ_REDIR | hardware.ACS_CMPLT_REDIR if sys.argv[1] == "drift" else 0)
+hardware.set_acs(pathlib.Path("/opt/gpubox-test/box"), "0000:40:01.1", control)
+"""
+
+
+def test_the_drift_watch_says_what_drifted_since_the_deployment(host):
+    """The box as the swap's run recorded it; then a link at x4 and ACS redirecting: a warning and a metric each."""
+    timer = host.service("gpubox-drift.timer")
+    assert timer.is_running
+    assert timer.is_enabled
+    recorded = json.loads(host.file("/var/lib/gpubox/drift.json").content_string)
+    assert recorded["fingerprint"] == json.loads(host.file("/var/lib/gpubox/gpu.json").content_string)["fingerprint"]
+    assert recorded["acs"] == {"verdict": "clear", "redirecting": []}
+    assert recorded["images"] == [host.check_output("docker inspect -f '{{.Image}}' gpubox-vllm-vllm-1")]
+    host.check_output("systemctl start gpubox-drift.service")
+    assert host.check_output(f"{DRIFT_JOURNAL} --lines 1").startswith("no drift: the GPUs, their links, ACS")
+    try:
+        host.check_output(f"python3 -c {shlex.quote(DRIFT)} drift")
+        host.check_output("systemctl start gpubox-drift.service")
+        journal = host.check_output(f"{DRIFT_JOURNAL} --lines 2")
+        metrics = host.file("/var/lib/gpubox/metrics/drift.prom").content_string
+    finally:
+        host.check_output(f"python3 -c {shlex.quote(DRIFT)} restore")
+    assert journal.splitlines() == [
+        "GPU0 (0000:09:00.0) runs its link at x4, x16 when deployed (it supports x16): reseat the card or check the slot "
+        "and riser",
+        "ACS now redirects peer-to-peer traffic on 0000:40:01.1 (a BIOS update turns it back on): NCCL over P2P may hang; "
+        "run site.yml, whose preflight turns P2P off or remediates",
+    ]
+    assert 'gpubox_drift{check="link_width",gpu="0"} 1\n' in metrics
+    assert 'gpubox_drift{check="acs_redirect"} 1\n' in metrics
+    assert "gpubox_drift_findings 2\n" in metrics
+    # It only said so: nothing it read was changed back, and the recorded box is the same.
+    assert json.loads(host.file("/var/lib/gpubox/drift.json").content_string) == recorded
 
 
 # ------------------------------------------------------------ the engine watchdog (last: it kills the engine)

@@ -112,6 +112,10 @@ def nvmlDeviceGetNumaNodeId(handle):
     return _value(handle, "numa")
 
 
+def nvmlDeviceGetPerformanceState(handle):
+    return _value(handle, "pstate")
+
+
 def nvmlDeviceGetCudaComputeCapability(handle):
     return tuple(_value(handle, "cc"))
 

@@ -52,9 +52,13 @@ def test_argument_spec_defaults_match_defaults_file(role: Path):
 
 
 def test_the_shared_variables_are_the_ones_meant():
-    """One tensor-parallel size and one vLLM key for the user, read by the roles that need them."""
+    """One tensor-parallel size, one vLLM key and one Compose project for the user, read by the roles that need them."""
     shared = {role.name: sorted(_shared(role)) for role in ROLES if _shared(role)}
-    assert shared == {"nginx_proxy": ["vllm_api_key", "vllm_max_model_len"], "preflight": ["vllm_tensor_parallel_size"]}
+    assert shared == {
+        "gpubox": ["vllm_project_name"],
+        "nginx_proxy": ["vllm_api_key", "vllm_max_model_len"],
+        "preflight": ["vllm_tensor_parallel_size"],
+    }
 
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)

@@ -100,3 +100,13 @@ def test_the_metrics_textfile():
     assert "gpubox_drift_findings 1\n" in text
     assert "gpubox_drift_last_check_timestamp_seconds 1796195882\n" in text
     assert "gpubox_drift_findings 0\n" in _drift.metrics([], read())
+
+
+def test_the_baseline_keeps_what_stays_while_nothing_drifts():
+    idle, busy = read(now=1.0), read(now=2.0)
+    busy["gpus"][1].update(pcie_gen_current=4, performance_state="P0")
+    assert _drift.baseline(idle) == _drift.baseline(busy)
+    assert "at" not in _drift.baseline(idle)
+    gpu = copy.deepcopy(GPU)
+    gpu["devices"][0].update(pcie_width_current=8)
+    assert _drift.baseline(read(gpu)) != _drift.baseline(idle)

@@ -144,10 +144,13 @@ def test_replicas_and_the_layout_choice_are_said():
 def test_gpu_power_and_what_is_watched_are_said():
     power = {"gpus": [{"index": 0, "target_w": 298.0, "limit_w": 350.0, "persistence_target": True},
                       {"index": 1, "target_w": None, "limit_w": 350.0, "persistence_target": True}]}  # fmt: skip
-    lines = summary("box", {"power": power, "vllm": {**VLLM, "watchdog": {"interval": 30}}})
+    lines = summary("box", {"power": power, "vllm": {**VLLM, "watchdog": {"interval": 30}}, "drift": {"interval": 600}})
     assert "GPU power: GPU0 298 W, GPU1 350 W, persistence mode on; set again at every boot (gpubox-gpu-power.service)" in lines
     assert lines[-1] == (
         "Watched: the engine watchdog probes vLLM every 30 s and recreates it when its engine dies or hangs "
-        "(journalctl -u gpubox-vllm-watchdog; /var/lib/gpubox/metrics/vllm_watchdog.prom)"
+        "(journalctl -u gpubox-vllm-watchdog); the drift watch compares the box with this deployment every 600 s "
+        "(journalctl -u gpubox-drift); metrics in /var/lib/gpubox/metrics"
     )
+    drift_only = summary("box", {"drift": {"interval": 60}})
+    assert drift_only[-1].startswith("Watched: the drift watch compares the box with this deployment every 60 s")
     assert not any(line.startswith(("Watched", "GPU power")) for line in summary("box", {"vllm": VLLM, "power": {"gpus": []}}))
