@@ -20,12 +20,12 @@ P2P_CAPS = {"read": 0, "write": 1, "nvlink": 2, "atomics": 3, "pci": 4}
 TOPOLOGY_CODES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
 
-def _text(value) -> str:
+def text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _optional(nvml, getter: str, *args):
-    """An NVML value, or None where the GPU or driver does not support the query."""
+def optional(nvml, getter: str, *args):
+    """An NVML value, or None where the GPU or driver does not support the query (``_power`` reads with it too)."""
     function = getattr(nvml, getter, None)
     if function is None:
         return None
@@ -37,7 +37,7 @@ def _optional(nvml, getter: str, *args):
 
 def _bus_id(raw: str) -> str:
     """NVML's ``00000000:01:00.0`` -> ``0000:01:00.0`` (lower case), as sysfs and lspci write it."""
-    raw = _text(raw).lower()
+    raw = text(raw).lower()
     domain, _sep, rest = raw.partition(":")
     return f"{int(domain, 16):04x}:{rest}" if rest else raw
 
@@ -49,8 +49,8 @@ def collect(nvml) -> dict:
     except nvml.NVMLError as exc:
         return {"present": False, "reason": f"NVML could not start: {exc}", "count": 0, "devices": []}
     try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
-        cuda = _optional(nvml, "nvmlSystemGetCudaDriverVersion")
+        driver = text(nvml.nvmlSystemGetDriverVersion())
+        cuda = optional(nvml, "nvmlSystemGetCudaDriverVersion")
         count = nvml.nvmlDeviceGetCount()
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         devices = [_device(nvml, i, h) for i, h in enumerate(handles)]
@@ -61,10 +61,10 @@ def collect(nvml) -> dict:
                     continue
                 name = f"GPU{j}"
                 device["p2p"][name] = {
-                    cap: P2P_STATUS_CODES.get(_optional(nvml, "nvmlDeviceGetP2PStatus", handles[i], other, index), "U")
+                    cap: P2P_STATUS_CODES.get(optional(nvml, "nvmlDeviceGetP2PStatus", handles[i], other, index), "U")
                     for cap, index in P2P_CAPS.items()
                 }
-                level = _optional(nvml, "nvmlDeviceGetTopologyCommonAncestor", handles[i], other)
+                level = optional(nvml, "nvmlDeviceGetTopologyCommonAncestor", handles[i], other)
                 device["topology"][name] = TOPOLOGY_CODES.get(level, "U") if level is not None else None
     finally:
         with contextlib.suppress(nvml.NVMLError):
@@ -83,22 +83,22 @@ def collect(nvml) -> dict:
 
 def _device(nvml, index: int, handle) -> dict:
     pci = nvml.nvmlDeviceGetPciInfo(handle)
-    memory = _optional(nvml, "nvmlDeviceGetMemoryInfo", handle)
-    capability = _optional(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
-    pstate = _optional(nvml, "nvmlDeviceGetPerformanceState", handle)
+    memory = optional(nvml, "nvmlDeviceGetMemoryInfo", handle)
+    capability = optional(nvml, "nvmlDeviceGetCudaComputeCapability", handle)
+    pstate = optional(nvml, "nvmlDeviceGetPerformanceState", handle)
     return {
         "index": index,
-        "name": _text(nvml.nvmlDeviceGetName(handle)),
-        "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-        "serial": _text(serial) if (serial := _optional(nvml, "nvmlDeviceGetSerial", handle)) else None,
+        "name": text(nvml.nvmlDeviceGetName(handle)),
+        "uuid": text(nvml.nvmlDeviceGetUUID(handle)),
+        "serial": text(serial) if (serial := optional(nvml, "nvmlDeviceGetSerial", handle)) else None,
         "memory_total_mib": memory.total // (1024 * 1024) if memory else None,
         "pci_bus_id": _bus_id(pci.busId),
         "pci_device_id": f"0x{pci.pciDeviceId:08x}",
-        "pcie_gen_current": _optional(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
-        "pcie_gen_max": _optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
-        "pcie_width_current": _optional(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
-        "pcie_width_max": _optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
-        "numa_node": _optional(nvml, "nvmlDeviceGetNumaNodeId", handle),
+        "pcie_gen_current": optional(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+        "pcie_gen_max": optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+        "pcie_width_current": optional(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
+        "pcie_width_max": optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
+        "numa_node": optional(nvml, "nvmlDeviceGetNumaNodeId", handle),
         "compute_capability": f"{capability[0]}.{capability[1]}" if capability else None,
         # P0 (full load) to P12 (idle): a link below its best generation is a fault only under load.
         "performance_state": f"P{pstate}" if pstate is not None else None,

@@ -16,6 +16,8 @@ import contextlib
 import re
 import time
 
+from ansible_collections.gpubox.inference.plugins.module_utils._gpu_inventory import optional, text
+
 SETTING = "gpubox_gpu_power_limit_w"
 _LIMIT_RE = re.compile(r"^\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>%|w|W)?\s*$")
 
@@ -90,16 +92,6 @@ def _target(wanted: dict, gpu: dict, setting) -> tuple[float | None, str | None]
 # ------------------------------------------------------------ NVML (the binding is an argument)
 
 
-def _optional(nvml, getter: str, *args):
-    function = getattr(nvml, getter, None)
-    if function is None:
-        return None
-    try:
-        return function(*args)
-    except nvml.NVMLError:
-        return None
-
-
 def _watts(milliwatts) -> float | None:
     return milliwatts / 1000 if milliwatts is not None else None
 
@@ -111,20 +103,19 @@ def read(nvml) -> list[dict]:
         gpus = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            constraints = _optional(nvml, "nvmlDeviceGetPowerManagementLimitConstraints", handle)
-            name, uuid = nvml.nvmlDeviceGetName(handle), nvml.nvmlDeviceGetUUID(handle)
+            constraints = optional(nvml, "nvmlDeviceGetPowerManagementLimitConstraints", handle)
             gpus.append(
                 {
                     "index": index,
-                    "name": name.decode() if isinstance(name, bytes) else name,
-                    "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
-                    "persistence": _optional(nvml, "nvmlDeviceGetPersistenceMode", handle) == 1,
-                    "limit_w": _watts(_optional(nvml, "nvmlDeviceGetPowerManagementLimit", handle)),
-                    "default_w": _watts(_optional(nvml, "nvmlDeviceGetPowerManagementDefaultLimit", handle)),
+                    "name": text(nvml.nvmlDeviceGetName(handle)),
+                    "uuid": text(nvml.nvmlDeviceGetUUID(handle)),
+                    "persistence": optional(nvml, "nvmlDeviceGetPersistenceMode", handle) == 1,
+                    "limit_w": _watts(optional(nvml, "nvmlDeviceGetPowerManagementLimit", handle)),
+                    "default_w": _watts(optional(nvml, "nvmlDeviceGetPowerManagementDefaultLimit", handle)),
                     "min_w": _watts(constraints[0]) if constraints else None,
                     "max_w": _watts(constraints[1]) if constraints else None,
-                    "power_w": _watts(_optional(nvml, "nvmlDeviceGetPowerUsage", handle)),
-                    "energy_mj": _optional(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle),
+                    "power_w": _watts(optional(nvml, "nvmlDeviceGetPowerUsage", handle)),
+                    "energy_mj": optional(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle),
                     "read_at": time.time(),
                 }
             )
