@@ -22,8 +22,9 @@ IOMMU = {"mode": "passthrough", "enabled": True}
 IMAGE = ["sha256:aaaa"]
 
 
-def read(gpu=GPU, acs=CLEAR, iommu=IOMMU, images=IMAGE, now=1000.0) -> dict:
-    return _drift.reading(gpu, acs, iommu, images, now)
+def read(gpu=None, acs=None, iommu=None, images=None, now=1000.0) -> dict:
+    """A reading of the box as deployed, but for what is given."""
+    return _drift.reading(gpu or GPU, acs or CLEAR, iommu or IOMMU, IMAGE if images is None else images, now)
 
 
 def said(findings) -> list[str]:
