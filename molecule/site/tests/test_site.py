@@ -405,7 +405,18 @@ def test_gpu_power_was_set_and_is_set_again_at_boot(host):
 
 # ------------------------------------------------------------ gpubox: the drift watch
 
-DRIFT_JOURNAL = "journalctl --unit gpubox-drift --output cat --no-pager"
+
+def drift_said(host, lines: int, starts: str) -> list[str]:
+    """The drift program's last lines in the journal (its own identifier: not systemd's "Finished ..."), once they show."""
+    said: list[str] = []
+    for _attempt in range(20):
+        said = host.check_output(f"journalctl --identifier gpubox-drift --output cat --no-pager --lines {lines}").splitlines()
+        if said and said[0].startswith(starts):
+            break
+        time.sleep(0.5)
+    return said
+
+
 # GPU0's link trains down to x4; a BIOS update turns ACS redirection back on at the root port above GPU1.
 DRIFT = """
 import json, pathlib, sys
@@ -430,15 +441,15 @@ def test_the_drift_watch_says_what_drifted_since_the_deployment(host):
     assert recorded["acs"] == {"verdict": "clear", "redirecting": []}
     assert recorded["images"] == [host.check_output("docker inspect -f '{{.Image}}' gpubox-vllm-vllm-1")]
     host.check_output("systemctl start gpubox-drift.service")
-    assert host.check_output(f"{DRIFT_JOURNAL} --lines 1").startswith("no drift: the GPUs, their links, ACS")
+    assert drift_said(host, 1, "no drift")[0].startswith("no drift: the GPUs, their links, ACS")
     try:
         host.check_output(f"python3 -c {shlex.quote(DRIFT)} drift")
         host.check_output("systemctl start gpubox-drift.service")
-        journal = host.check_output(f"{DRIFT_JOURNAL} --lines 2")
+        said = drift_said(host, 2, "GPU0")
         metrics = host.file("/var/lib/gpubox/metrics/drift.prom").content_string
     finally:
         host.check_output(f"python3 -c {shlex.quote(DRIFT)} restore")
-    assert journal.splitlines() == [
+    assert said == [
         "GPU0 (0000:09:00.0) runs its link at x4, x16 when deployed (it supports x16): reseat the card or check the slot "
         "and riser",
         "ACS now redirects peer-to-peer traffic on 0000:40:01.1 (a BIOS update turns it back on): NCCL over P2P may hang; "
