@@ -20,6 +20,8 @@ from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
 
 CLIENT_KEY = "client-key-0123456789abcdef"
+# An Nginx of the tests serves its stub_status on its HTTP port + this.
+STATUS_PORT_OFFSET = 10000
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "temperature": 0, "stream": True}
 
 
@@ -36,6 +38,8 @@ def render_site(work: Path, **variables) -> Path:
         "vllm_api_key": VLLM_KEY,
         "nginx_proxy_api_keys": [{"name": "tests", "key": CLIENT_KEY}],
         "nginx_proxy_listen_ipv6": False,
+        # Each Nginx of the tests its own status port: several run at once.
+        "nginx_proxy_status_port": STATUS_PORT_OFFSET + variables.get("nginx_proxy_http_port", 0),
         **variables,
     }
     (work / "vars.json").write_text(json.dumps(extra))

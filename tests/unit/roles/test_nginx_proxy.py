@@ -18,11 +18,23 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from contextlib import ExitStack
 
 import pytest
 from conftest import ROOT, require, run_ansible
-from nginx_server import BODY, CLIENT_KEY, event_times, nginx, paced_upstream, post, recording_upstream, render_site
+from nginx_server import (
+    BODY,
+    CLIENT_KEY,
+    STATUS_PORT_OFFSET,
+    event_times,
+    nginx,
+    paced_upstream,
+    post,
+    recording_upstream,
+    render_site,
+)
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
 from vllm_server import metric
@@ -82,6 +94,20 @@ def test_vllm_stream_passes_through_the_proxy_unchanged_and_spread_out(proxy):
     # quarter of the direct one is the bar. Events a millisecond apart may share a read, so
     # their count is left to the paced test below.
     assert spread(proxied) >= 0.25 * spread(direct), (spread(proxied), spread(direct))
+
+
+def test_nginx_status_answers_on_loopback_only_for_the_exporter(proxy):
+    """The monitoring role's Nginx exporter reads stub_status; the API port does not serve it."""
+    status_port = STATUS_PORT_OFFSET + proxy["port"]
+    assert f"listen 127.0.0.1:{status_port};" in proxy["site"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{status_port}/nginx_status", timeout=10) as response:
+        text = response.read().decode()
+    assert text.startswith("Active connections:"), text
+    assert "server accepts handled requests" in text
+    for port, path in ((status_port, "/v1/models"), (proxy["port"], "/nginx_status")):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10)
+        assert refused.value.code in (401, 404), (port, path, refused.value.code)
 
 
 def test_each_event_is_forwarded_as_it_is_sent(tmp_path):
