@@ -220,6 +220,9 @@ TEMPLATES = {
     "drift.iommu": "the IOMMU mode changed from {recorded} to {now} since the deployment: run site.yml",
     "drift.image": "vLLM's containers run {now}, not the image deployed ({recorded}): run site.yml",
     "drift.none": "no drift: the GPUs, their links, ACS, the IOMMU, the driver and vLLM's image are as deployed",
+    # The GPU metrics program (monitoring role, gpubox-gpu-metrics), into the journal.
+    "gpu_metrics.nvml": "NVML could not read the GPUs ({error}): {path} holds no GPU series until it can",
+    "gpu_metrics.no_kernel_log": "the kernel log could not be read (journalctl: {error}): no Xid series this time",
 }
 
 

@@ -122,6 +122,16 @@ RYZEN_CHIPSET = {
 # Founders Edition reports them; persistence mode off, as after a boot.
 RTX3090_POWER = {"default_mw": 350000, "min_mw": 100000, "max_mw": 400000}
 
+# An idle RTX 3090 serving a model, as nvidia-smi -q reads one: vLLM holds most of the memory, the fan turns
+# slowly, the clocks are down because the GPU is idle (nvmlClocksEventReasonGpuIdle, 0x1).
+RTX3090_IDLE = {
+    "temperature_c": 41,
+    "fan_percent": 30,
+    "utilization": [0, 0],
+    "memory_used_bytes": 22 * 1024**3,
+    "clocks_event_reasons": 0x1,
+}
+
 # Two RTX 3090s as one capture reports them (A_topo_m/2x_rtx3090_SYS_...: bus 09:00.0 and 41:00.0,
 # driver 595.71.05, GPU0-GPU1=SYS). UUIDs and serials are made up; consumer cards report no serial.
 RTX3090_PAIR = {
@@ -140,6 +150,7 @@ RTX3090_PAIR = {
             "numa": None,
             "cc": [8, 6],
             "power": RTX3090_POWER,
+            **RTX3090_IDLE,
         },
         {
             "name": "NVIDIA GeForce RTX 3090",
@@ -153,6 +164,7 @@ RTX3090_PAIR = {
             "numa": 1,
             "cc": [8, 6],
             "power": RTX3090_POWER,
+            **RTX3090_IDLE,
         },
     ],
     # NVML P2P status per caps index (read, write, nvlink, atomics, prop); 5 = not supported.

@@ -5,7 +5,9 @@ It serves a machine described in the JSON file named by ``GPUBOX_FAKE_NVML``
 module and program run unchanged through Ansible. Only the calls they make are
 here. What is set (persistence mode, power limits) is written back to that file,
 and each call to a setter is appended to its ``set`` list, so a test reads what
-was set and in which order. A GPU draws ``draw_share`` (default 0.9) of its
+was set and in which order. The sensors (temperature, fan, utilisation, memory
+in use, clocks event reasons) are the machine's values as they stand; a value it
+leaves out is not supported. A GPU draws ``draw_share`` (default 0.9) of its
 power limit, so its energy counter grows with the limit and with time.
 """
 
@@ -84,7 +86,8 @@ def nvmlDeviceGetSerial(handle):
 
 
 def nvmlDeviceGetMemoryInfo(handle):
-    return SimpleNamespace(total=_value(handle, "memory_bytes"))
+    used = _gpu(handle).get("memory_used_bytes")
+    return SimpleNamespace(total=_value(handle, "memory_bytes"), **({"used": used} if used is not None else {}))
 
 
 def nvmlDeviceGetPciInfo(handle):
@@ -126,6 +129,28 @@ def nvmlDeviceGetP2PStatus(a, b, caps):
 
 def nvmlDeviceGetTopologyCommonAncestor(a, b):
     return _machine()["topology"][f"{a}-{b}"]
+
+
+# ------------------------------------------------------------ sensors (the monitoring role's gpubox-gpu-metrics)
+
+
+def nvmlDeviceGetTemperature(handle, sensor):
+    if sensor != 0:
+        raise NVMLError_InvalidArgument("Invalid Argument")
+    return _value(handle, "temperature_c")
+
+
+def nvmlDeviceGetFanSpeed(handle):
+    return _value(handle, "fan_percent")
+
+
+def nvmlDeviceGetUtilizationRates(handle):
+    gpu, memory = _value(handle, "utilization")
+    return SimpleNamespace(gpu=gpu, memory=memory)
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle):
+    return _value(handle, "clocks_event_reasons")
 
 
 # ------------------------------------------------------------ power (the gpu_power module, gpubox-gpu-power)
