@@ -161,8 +161,23 @@ def _watch_lines(vllm: dict, drift: dict) -> list[str]:
     return [f"Watched: {'; '.join(parts)}; metrics in /var/lib/gpubox/metrics"] if parts else []
 
 
+def _monitoring_lines(monitoring: dict) -> list[str]:
+    if not monitoring.get("prometheus"):
+        return []
+    scraped = {"vllm": "vLLM", "nginx": "Nginx", "node": "the box"}
+    jobs = [scraped[job] for job in monitoring.get("jobs") or [] if job in scraped]
+    if monitoring.get("gpus"):
+        jobs.append("the GPUs (gpubox-gpu-metrics)")
+    where = ", ".join(monitoring.get("alertmanagers") or []) or f"{monitoring['prometheus']}/alerts"
+    return [
+        f"Monitoring: Prometheus at {monitoring['prometheus']} reads {', '.join(jobs)} every {monitoring['interval']} s; "
+        f"alerts at {where}; Grafana dashboard {monitoring['dashboard']}"
+    ]
+
+
 def summary(host: str, parts: dict) -> list[str]:
-    """Lines for one host. ``parts``: gpu, gpu_p2p, preflight, vllm, endpoint, smoke, power, drift (each optional)."""
+    """Lines for one host. ``parts``: gpu, gpu_p2p, preflight, vllm, endpoint, smoke, power, drift, monitoring
+    (each optional)."""
     lines = [f"{host}:"]
     lines += _gpu_lines(parts.get("gpu") or {})
     lines += _preflight_lines(parts.get("preflight") or {})
@@ -174,6 +189,7 @@ def summary(host: str, parts: dict) -> list[str]:
     lines += _smoke_lines(parts.get("smoke") or {})
     lines += _power_lines(parts.get("power") or {})
     lines += _watch_lines(parts.get("vllm") or {}, parts.get("drift") or {})
+    lines += _monitoring_lines(parts.get("monitoring") or {})
     if len(lines) == 1:
         lines.append("nothing deployed in this run (check the tags and vllm_model / nginx_proxy_api_keys)")
     return lines

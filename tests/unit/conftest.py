@@ -35,6 +35,7 @@ INSTALLED_BY = {
     "gcc": "scripts/host-tools.sh (gcc, libc6-dev)",
     "docker": "scripts/docker-engine.sh (docker.io and Compose v2)",
     "docker-registry": "scripts/host-tools.sh (docker-registry)",
+    "promtool": "scripts/host-tools.sh (prometheus)",
 }
 
 

@@ -129,5 +129,6 @@ def test_site_yml_has_a_tag_per_phase_in_order():
         "proxy",
         "smoke",
         "gpubox,vllm",
+        "monitoring",
         "always",
     ]

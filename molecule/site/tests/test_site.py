@@ -360,6 +360,10 @@ def test_the_summary_says_what_changed_and_what_was_measured():
     assert "GPU power: GPU0 298 W, GPU1 298 W, persistence mode on; set again at every boot" in text
     assert "Watched: the engine watchdog probes vLLM every 5 s" in text
     assert "the drift watch compares the box with this deployment every 600 s (journalctl -u gpubox-drift)" in text
+    assert (
+        "Monitoring: Prometheus at http://127.0.0.1:9090 reads the box, vLLM, Nginx, the GPUs (gpubox-gpu-metrics) every 5 s; "
+        "alerts at http://127.0.0.1:9090/alerts; Grafana dashboard /usr/local/share/gpubox/grafana/gpubox-inference.json"
+    ) in text
 
 
 # ------------------------------------------------------------ gpubox: GPU power
@@ -526,3 +530,124 @@ def test_the_watchdog_restores_a_dead_engine_and_the_journal_says_why(host):
     assert host.check_output("docker compose --project-name gpubox-vllm ps --quiet vllm") != container
     state = json.loads(host.file("/var/lib/gpubox/watchdog.json").content_string)
     assert state["restarts_total"] == 1
+
+
+# ------------------------------------------------------------ monitoring (last: it stops vLLM, then removes itself)
+
+PROMETHEUS = """
+import json, sys, urllib.request
+print(urllib.request.urlopen("http://127.0.0.1:9090" + sys.argv[1], timeout=10).read().decode())
+"""
+
+
+def prometheus(host, path: str) -> dict:
+    return json.loads(host.check_output(f"python3 -c {shlex.quote(PROMETHEUS)} {shlex.quote(path)}"))["data"]
+
+
+def query(host, expression: str) -> dict[str, float]:
+    """An instant query's samples, by their gpu label (or '' without one)."""
+    from urllib.parse import quote
+
+    result = prometheus(host, f"/api/v1/query?query={quote(expression)}")["result"]
+    return {sample["metric"].get("gpu", ""): float(sample["value"][1]) for sample in result}
+
+
+def wait_for(what, seconds: float = 90, every: float = 3):
+    """what() until it is truthy, for at most ``seconds``; its last value."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = what()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(every)
+
+
+def test_prometheus_scrapes_vllm_nginx_and_the_box(host):
+    def targets():
+        active = prometheus(host, "/api/v1/targets")["activeTargets"]
+        return {target["labels"]["job"]: target["health"] for target in active}
+
+    assert wait_for(lambda: set(targets().values()) == {"up"}), targets()
+    assert targets() == {"prometheus": "up", "node": "up", "vllm": "up", "nginx": "up"}
+    for service in ("prometheus", "prometheus-node-exporter", "prometheus-nginx-exporter"):
+        assert host.service(service).is_running, service
+        assert host.service(service).is_enabled, service
+    # Every exporter and Prometheus itself on loopback only.
+    for port in (9090, 9100, 9113):
+        assert host.socket(f"tcp://127.0.0.1:{port}").is_listening
+        assert not host.socket(f"tcp://0.0.0.0:{port}").is_listening
+    assert query(host, "sum(vllm:generation_tokens_total)")[""] > 0
+    assert query(host, "nginx_connections_active")[""] >= 1
+
+
+def test_the_stand_in_gpus_reach_prometheus_and_an_xid_in_the_kernel_log_raises_its_alert(host):
+    """What the stand-in NVML reports (the power limit the gpubox role set: 85% of 350 W), read by gpubox-gpu-metrics."""
+    assert host.service("gpubox-gpu-metrics.timer").is_running
+    assert wait_for(lambda: len(query(host, "gpubox_gpu_power_limit_watts")) == 2)
+    assert query(host, "gpubox_gpu_power_limit_watts") == {"0": 297.5, "1": 297.5}
+    assert query(host, "gpubox_gpu_temperature_celsius") == {"0": 41, "1": 41}
+    assert query(host, "gpubox_gpu_pcie_link_width") == {"0": 16, "1": 4}
+    assert query(host, "gpubox_gpu_xid_errors") == {"0": 0, "1": 0}
+    # The driver's line as the kernel logs it, under the journal's identifier for kernel lines.
+    host.check_output("logger --tag kernel 'NVRM: Xid (PCI:0000:41:00): 79, pid=2213, name=python3, GPU has fallen off the bus.'")
+    assert wait_for(lambda: query(host, "gpubox_gpu_xid_errors").get("1") == 1, 60), query(host, "gpubox_gpu_xid_errors")
+    firing = wait_for(lambda: [a for a in prometheus(host, "/api/v1/alerts")["alerts"]
+                               if a["labels"]["alertname"] == "GPUXidError" and a["state"] == "firing"], 60)  # fmt: skip
+    assert [alert["labels"]["gpu"] for alert in firing] == ["1"]
+    # GPU1 runs at x4 of its x16 (the stand-in box): the downtrained link is seen, and alerts after its 10 minutes.
+    alerts = prometheus(host, "/api/v1/alerts")["alerts"]
+    assert [alert["labels"].get("gpu") for alert in alerts if alert["labels"]["alertname"] == "GPULinkNarrow"] == ["1"]
+
+
+PROMQL_WORDS = {"sum", "max", "min", "avg", "by", "on", "and", "or", "unless", "without", "rate", "increase", "delta",
+                "histogram_quantile", "time", "le", "bool", "ignoring", "group_left", "group_right", "offset"}  # fmt: skip
+
+
+def metric_names(expression: str) -> set[str]:
+    """The metric names a PromQL expression reads (tests/unit/roles/test_monitoring.py reads them the same way)."""
+    text = re.sub(r"\{[^}]*\}", " ", expression)
+    text = re.sub(r"\b(by|on|without|ignoring)\s*\([^)]*\)", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    return {token for token in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text) if token not in PROMQL_WORDS}
+
+
+def test_every_metric_the_alerts_and_the_dashboard_read_is_in_prometheus(host):
+    import yaml
+
+    rules = yaml.safe_load(host.file("/etc/prometheus/gpubox-alerts.yml").content_string)
+    dashboard = json.loads(host.file("/usr/local/share/gpubox/grafana/gpubox-inference.json").content_string)
+    expressions = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    expressions += [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    read = set().union(*map(metric_names, expressions))
+    names = set(prometheus(host, "/api/v1/label/__name__/values"))
+    assert read - names == set(), sorted(read - names)
+    assert {"nginx_up", "nginx_connections_active", "vllm:kv_cache_usage_perc", "gpubox_drift_findings"} <= read
+
+
+def test_stopping_vllm_raises_the_engine_down_alert(host):
+    host.check_output("docker compose --project-name gpubox-vllm stop vllm")
+    stopped = time.monotonic()
+
+    def down():
+        alerts = prometheus(host, "/api/v1/alerts")["alerts"]
+        return [a for a in alerts if a["labels"]["alertname"] == "VLLMDown" and a["state"] == "firing"]
+
+    firing = wait_for(down, 150, 5)
+    assert firing, f"no VLLMDown {time.monotonic() - stopped:.0f} s after vLLM stopped: {prometheus(host, '/api/v1/alerts')}"
+    assert firing[0]["labels"]["instance"] == "127.0.0.1:8000"
+    assert firing[0]["annotations"]["summary"] == "vLLM at 127.0.0.1:8000 does not answer"
+
+
+def test_turned_off_the_monitoring_removes_what_it_installed(host):
+    off = site("--tags", "monitoring", "--extra-vars", "monitoring_enabled=false")
+    assert off.returncode == 0, off.stdout[-3000:]
+    for package in ("prometheus", "prometheus-node-exporter", "prometheus-nginx-exporter"):
+        assert not host.package(package).is_installed, package
+    for path in ("/etc/systemd/system/gpubox-gpu-metrics.timer", "/usr/local/lib/gpubox/gpu-metrics",
+                 "/var/lib/gpubox/metrics/gpu.prom", "/etc/prometheus/gpubox-alerts.yml", "/etc/gpubox/monitoring.json",
+                 "/usr/local/share/gpubox/grafana"):  # fmt: skip
+        assert not host.file(path).exists, path
+    # The other programs' textfiles stay: they are the watchdog's and the drift watch's.
+    assert host.file("/var/lib/gpubox/metrics/drift.prom").exists
+    assert not host.socket("tcp://127.0.0.1:9090").is_listening
+    assert_no_change(site("--tags", "monitoring", "--extra-vars", "monitoring_enabled=false"))

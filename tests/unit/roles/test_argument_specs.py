@@ -52,10 +52,12 @@ def test_argument_spec_defaults_match_defaults_file(role: Path):
 
 
 def test_the_shared_variables_are_the_ones_meant():
-    """One tensor-parallel size, one vLLM key and one Compose project for the user, read by the roles that need them."""
+    """One tensor-parallel size, one vLLM key, one Compose project and one Nginx status port for the user, read by the
+    roles that need them."""
     shared = {role.name: sorted(_shared(role)) for role in ROLES if _shared(role)}
     assert shared == {
         "gpubox": ["vllm_project_name"],
+        "monitoring": ["nginx_proxy_status_port"],
         "nginx_proxy": ["vllm_api_key", "vllm_max_model_len"],
         "preflight": ["vllm_tensor_parallel_size"],
     }

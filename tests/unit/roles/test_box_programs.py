@@ -20,6 +20,7 @@ PROGRAMS = {
     "vllm/files/gpubox-vllm-watchdog.py": ("vllm", "_vllm_watchdog_modules"),
     "gpubox/files/gpubox-gpu-power.py": ("gpubox", "_gpubox_power_modules"),
     "gpubox/files/gpubox-drift.py": ("gpubox", "_gpubox_drift_modules"),
+    "monitoring/files/gpubox-gpu-metrics.py": ("monitoring", "_monitoring_gpu_modules"),
 }
 
 

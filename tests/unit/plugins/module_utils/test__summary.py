@@ -154,3 +154,15 @@ def test_gpu_power_and_what_is_watched_are_said():
     drift_only = summary("box", {"drift": {"interval": 60}})
     assert drift_only[-1].startswith("Watched: the drift watch compares the box with this deployment every 60 s")
     assert not any(line.startswith(("Watched", "GPU power")) for line in summary("box", {"vllm": VLLM, "power": {"gpus": []}}))
+
+
+def test_the_monitoring_says_what_prometheus_reads_and_where_the_alerts_are():
+    monitoring = {"prometheus": "http://127.0.0.1:9090", "interval": 15, "jobs": ["node", "vllm", "nginx"], "gpus": True,
+                  "alertmanagers": [], "dashboard": "/usr/local/share/gpubox/grafana/gpubox-inference.json"}  # fmt: skip
+    assert summary("box", {"monitoring": monitoring})[-1] == (
+        "Monitoring: Prometheus at http://127.0.0.1:9090 reads the box, vLLM, Nginx, the GPUs (gpubox-gpu-metrics) every "
+        "15 s; alerts at http://127.0.0.1:9090/alerts; Grafana dashboard /usr/local/share/gpubox/grafana/gpubox-inference.json"
+    )
+    sent = summary("box", {"monitoring": {**monitoring, "jobs": ["node"], "gpus": False, "alertmanagers": ["am:9093"]}})
+    assert sent[-1].startswith("Monitoring: Prometheus at http://127.0.0.1:9090 reads the box every 15 s; alerts at am:9093;")
+    assert not any(line.startswith("Monitoring") for line in summary("box", {"monitoring": None}))
