@@ -173,6 +173,16 @@ RTX3090_PAIR = {
 }
 
 
+def stand_in_pynvml():
+    """The stand-in ``pynvml`` (tests/unit/fakes/pynvml.py) as a module; it serves the file GPUBOX_FAKE_NVML names."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stand_in_pynvml", Path(__file__).parent / "fakes" / "pynvml.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def nvml_machine(path: Path, machine: dict) -> Path:
     """Write a machine for tests/unit/fakes/pynvml.py; point GPUBOX_FAKE_NVML at the returned path."""
     import json

@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -599,20 +600,11 @@ def test_the_stand_in_gpus_reach_prometheus_and_an_xid_in_the_kernel_log_raises_
     assert [alert["labels"].get("gpu") for alert in alerts if alert["labels"]["alertname"] == "GPULinkNarrow"] == ["1"]
 
 
-PROMQL_WORDS = {"sum", "max", "min", "avg", "by", "on", "and", "or", "unless", "without", "rate", "increase", "delta",
-                "histogram_quantile", "time", "le", "bool", "ignoring", "group_left", "group_right", "offset"}  # fmt: skip
-
-
-def metric_names(expression: str) -> set[str]:
-    """The metric names a PromQL expression reads (tests/unit/roles/test_monitoring.py reads them the same way)."""
-    text = re.sub(r"\{[^}]*\}", " ", expression)
-    text = re.sub(r"\b(by|on|without|ignoring)\s*\([^)]*\)", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    return {token for token in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text) if token not in PROMQL_WORDS}
-
-
 def test_every_metric_the_alerts_and_the_dashboard_read_is_in_prometheus(host):
     import yaml
+
+    sys.path.insert(0, str(PROJECT / "tests" / "unit"))
+    from promql import metric_names
 
     rules = yaml.safe_load(host.file("/etc/prometheus/gpubox-alerts.yml").content_string)
     dashboard = json.loads(host.file("/usr/local/share/gpubox/grafana/gpubox-inference.json").content_string)

@@ -5,7 +5,6 @@ rule engine); every metric the rules and the dashboard read is one that vLLM or 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
 import subprocess
@@ -15,7 +14,8 @@ import urllib.request
 import pytest
 import yaml
 from conftest import ROOT, require, run_ansible
-from hardware import RTX3090_PAIR, nvml_machine
+from hardware import RTX3090_PAIR, nvml_machine, stand_in_pynvml
+from promql import metric_names
 from vllm_server import PORT as VLLM_PORT
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _drift, _gpu_metrics, _watchdog
@@ -202,18 +202,6 @@ def test_gpu_metrics_that_stop_coming_raise_an_alert(rendered, tmp_path):
 
 # ------------------------------------------------------------ metric names
 
-PROMQL_WORDS = {"sum", "max", "min", "avg", "by", "on", "and", "or", "unless", "without", "rate", "increase", "delta",
-                "histogram_quantile", "time", "le", "bool", "ignoring", "group_left", "group_right", "offset"}  # fmt: skip
-
-
-def metric_names(expression: str) -> set[str]:
-    """The metric names a PromQL expression reads: label matchers, grouping labels, durations and words left out."""
-    text = re.sub(r"\{[^}]*\}", " ", expression)
-    text = re.sub(r"\b(by|on|without|ignoring)\s*\([^)]*\)", " ", text)
-    text = re.sub(r"\[[^\]]*\]", " ", text)
-    tokens = re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", text)
-    return {token for token in tokens if token not in PROMQL_WORDS}
-
 
 def sample_names(text: str) -> set[str]:
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
@@ -243,9 +231,7 @@ def written_names(vllm_server, tmp_path, monkeypatch) -> set[str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{VLLM_PORT}/metrics", timeout=30) as response:
         names = sample_names(response.read().decode())
     monkeypatch.setenv("GPUBOX_FAKE_NVML", str(nvml_machine(tmp_path / "machine.json", copy.deepcopy(RTX3090_PAIR))))
-    spec = importlib.util.spec_from_file_location("stand_in_pynvml", ROOT / "tests" / "unit" / "fakes" / "pynvml.py")
-    nvml = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nvml)
+    nvml = stand_in_pynvml()
     names |= sample_names(_gpu_metrics.metrics(_gpu_metrics.read(nvml), {}, 0))
     names |= sample_names(_gpu_metrics.metrics([{**_gpu_metrics.read(nvml)[0]}], {"0000:09:00": {"count": 1, "last": 79}}, 0))
     names |= sample_names(_drift.metrics([], {"at": 0}))

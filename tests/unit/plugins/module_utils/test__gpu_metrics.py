@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import pytest
-from conftest import ROOT
-from hardware import RTX3090_PAIR, nvml_machine
+from hardware import RTX3090_PAIR, nvml_machine, stand_in_pynvml
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _gpu_metrics
 
@@ -28,10 +26,7 @@ def nvml(tmp_path, monkeypatch):
     machine = copy.deepcopy(RTX3090_PAIR)
     path = nvml_machine(tmp_path / "machine.json", machine)
     monkeypatch.setenv("GPUBOX_FAKE_NVML", str(path))
-    spec = importlib.util.spec_from_file_location("stand_in_pynvml", ROOT / "tests" / "unit" / "fakes" / "pynvml.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module, machine, path
+    return stand_in_pynvml(), machine, path
 
 
 def test_it_reads_every_sensor_the_stand_in_reports(nvml):
