@@ -642,4 +642,3 @@ def test_turned_off_the_monitoring_removes_what_it_installed(host):
     # The other programs' textfiles stay: they are the watchdog's and the drift watch's.
     assert host.file("/var/lib/gpubox/metrics/drift.prom").exists
     assert not host.socket("tcp://127.0.0.1:9090").is_listening
-    assert_no_change(site("--tags", "monitoring", "--extra-vars", "monitoring_enabled=false"))
