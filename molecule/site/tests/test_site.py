@@ -582,10 +582,11 @@ def test_prometheus_scrapes_vllm_nginx_and_the_box(host):
 
 
 def test_the_stand_in_gpus_reach_prometheus_and_an_xid_in_the_kernel_log_raises_its_alert(host):
-    """What the stand-in NVML reports (the power limit the gpubox role set: 85% of 350 W), read by gpubox-gpu-metrics."""
+    """What the stand-in NVML reports (the power limit the gpubox role set: 85% of 350 W, in whole watts), read by
+    gpubox-gpu-metrics."""
     assert host.service("gpubox-gpu-metrics.timer").is_running
     assert wait_for(lambda: len(query(host, "gpubox_gpu_power_limit_watts")) == 2)
-    assert query(host, "gpubox_gpu_power_limit_watts") == {"0": 297.5, "1": 297.5}
+    assert query(host, "gpubox_gpu_power_limit_watts") == {"0": 298, "1": 298}
     assert query(host, "gpubox_gpu_temperature_celsius") == {"0": 41, "1": 41}
     assert query(host, "gpubox_gpu_pcie_link_width") == {"0": 16, "1": 4}
     assert query(host, "gpubox_gpu_xid_errors") == {"0": 0, "1": 0}

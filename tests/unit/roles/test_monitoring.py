@@ -292,7 +292,8 @@ def test_monitoring_role_settings_are_refused_naming_the_variable_value_and_rule
     assert not (tmp_path / "monitoring.json").exists()
 
 
-def test_off_on_a_box_it_never_installed_on_changes_nothing(tmp_path):
-    result = run_main(tmp_path)
+@pytest.mark.parametrize("enabled", [False, "false"], ids=["bool", "string-from-extra-vars"])
+def test_off_on_a_box_it_never_installed_on_changes_nothing(tmp_path, enabled):
+    result = run_main(tmp_path, monitoring_enabled=enabled)
     assert result.returncode == 0, result.stdout[-2000:]
     assert re.search(r"localhost\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", result.stdout), result.stdout[-1500:]
