@@ -26,6 +26,7 @@ import time
 sys.path.insert(0, os.environ.get("GPUBOX_LIB", "/usr/local/lib/gpubox/drift"))
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _acs, _drift, _gpu_inventory, _pcie, _words
+from ansible_collections.gpubox.inference.plugins.module_utils._box_files import read_json, write_atomically
 
 
 def read_box(config: dict) -> dict:
@@ -61,37 +62,22 @@ def images(project: str) -> list[str]:
         return []
 
 
-def load(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
-
-
-def write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(f"{path}.partial", "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(f"{path}.partial", path)
-
-
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] not in ("record", "check"):
         print(__doc__, file=sys.stderr)
         return 2
     args = [a for a in argv[2:] if not a.startswith("--")]
-    config = load(args[0] if args else "/etc/gpubox/drift.json")
+    config = read_json(args[0] if args else "/etc/gpubox/drift.json")
     if config is None:
         print("<3>cannot read the drift watch's configuration", flush=True)
         return 2
     now = read_box(config)
-    recorded = load(config["baseline"])
+    recorded = read_json(config["baseline"])
     if argv[1] == "record":
         baseline = _drift.baseline(now)
         changed = recorded is None or _drift.baseline(recorded) != baseline
         if changed and "--check" not in argv:
-            write(config["baseline"], json.dumps(now, indent=1, sort_keys=True) + "\n")
+            write_atomically(config["baseline"], json.dumps(now, indent=1, sort_keys=True) + "\n")
         print(json.dumps({"changed": changed}))
         return 0
     if recorded is None:
@@ -103,7 +89,7 @@ def main(argv: list[str]) -> int:
     if not findings:
         print("<6>" + _words.say("drift.none"), flush=True)
     if config.get("metrics"):
-        write(config["metrics"], _drift.metrics(findings, now))
+        write_atomically(config["metrics"], _drift.metrics(findings, now))
     return 0
 
 

@@ -20,6 +20,7 @@ import time
 sys.path.insert(0, os.environ.get("GPUBOX_LIB", "/usr/local/lib/gpubox/gpu-metrics"))
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _gpu_metrics, _words
+from ansible_collections.gpubox.inference.plugins.module_utils._box_files import write_atomically
 
 
 def kernel_log() -> tuple[str | None, str | None]:
@@ -32,13 +33,6 @@ def kernel_log() -> tuple[str | None, str | None]:
     if result.returncode != 0:
         return None, result.stderr.strip() or f"exit {result.returncode}"
     return result.stdout, None
-
-
-def write(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(f"{path}.partial", "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(f"{path}.partial", path)
 
 
 def main(argv: list[str]) -> int:
@@ -54,7 +48,7 @@ def main(argv: list[str]) -> int:
     log, why = kernel_log()
     if log is None:
         print("<4>" + _words.say("gpu_metrics.no_kernel_log", error=why), flush=True)
-    write(path, _gpu_metrics.metrics(gpus, _gpu_metrics.xids(log) if log is not None else None, time.time()))
+    write_atomically(path, _gpu_metrics.metrics(gpus, _gpu_metrics.xids(log) if log is not None else None, time.time()))
     return status
 
 

@@ -28,6 +28,7 @@ import urllib.request
 sys.path.insert(0, os.environ.get("GPUBOX_LIB", "/usr/local/lib/gpubox/vllm-watchdog"))
 
 from ansible_collections.gpubox.inference.plugins.module_utils import _watchdog, _words
+from ansible_collections.gpubox.inference.plugins.module_utils._box_files import read_json, write_atomically
 
 PRIORITY = {"error": "<3>", "warning": "<4>", "info": "<6>"}
 PROMPT = "The watchdog asks for one token to check that the engine of this vLLM server still answers requests."
@@ -38,23 +39,6 @@ OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 def say(level: str, text: str) -> None:
     for line in text.splitlines() or [""]:
         print(f"{PRIORITY[level]}{line}", flush=True)
-
-
-def read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
-
-
-def write_atomically(path: str, text: str) -> None:
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    partial = f"{path}.partial"
-    with open(partial, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(partial, path)
 
 
 def api_key(env_file: str) -> str:

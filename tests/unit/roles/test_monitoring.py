@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import urllib.request
 
 import pytest
 import yaml
-from conftest import ROOT, require, run_ansible
+from conftest import COLLECTIONS, ROOT, require, run_ansible
 from hardware import RTX3090_PAIR, nvml_machine, stand_in_pynvml
 from promql import metric_names
 from vllm_server import PORT as VLLM_PORT
@@ -297,3 +298,42 @@ def test_off_on_a_box_it_never_installed_on_changes_nothing(tmp_path, enabled):
     result = run_main(tmp_path, monitoring_enabled=enabled)
     assert result.returncode == 0, result.stdout[-2000:]
     assert re.search(r"localhost\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", result.stdout), result.stdout[-1500:]
+
+
+# ------------------------------------------------------------ the GPU metrics program, run as its timer runs it
+
+
+def run_gpu_metrics(tmp_path, machine: dict, journalctl: str) -> tuple[subprocess.CompletedProcess, str]:
+    """gpubox-gpu-metrics on the stand-in NVML, with a stand-in journalctl first on PATH printing ``journalctl``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "journalctl").write_text(journalctl)
+    (bin_dir / "journalctl").chmod(0o755)
+    env = {**os.environ, "GPUBOX_LIB": str(COLLECTIONS), "PYTHONPATH": str(ROOT / "tests" / "unit" / "fakes"),
+           "GPUBOX_FAKE_NVML": str(nvml_machine(tmp_path / "machine.json", machine)),
+           "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])}  # fmt: skip
+    textfile = tmp_path / "metrics" / "gpu.prom"
+    program = ROOT / "roles" / "monitoring" / "files" / "gpubox-gpu-metrics.py"
+    result = subprocess.run([sys.executable, str(program), str(textfile)], capture_output=True, text=True, env=env, check=False)
+    return result, textfile.read_text() if textfile.exists() else ""
+
+
+def test_the_program_writes_the_gpus_and_this_boots_xid_errors(tmp_path):
+    log = "#!/bin/sh\necho 'NVRM: Xid (PCI:0000:41:00): 79, pid=2213, name=python3, GPU has fallen off the bus.'\n"
+    result, text = run_gpu_metrics(tmp_path, copy.deepcopy(RTX3090_PAIR), log)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert 'gpubox_gpu_xid_errors{gpu="1",uuid="GPU-3090bbbb-0000-0000-0000-000000000000"} 1\n' in text
+    assert 'gpubox_gpu_temperature_celsius{gpu="0",uuid="GPU-3090aaaa-0000-0000-0000-000000000000"} 41\n' in text
+
+
+def test_without_nvml_or_the_kernel_log_it_says_so_and_writes_what_it_has(tmp_path):
+    result, text = run_gpu_metrics(tmp_path, {**RTX3090_PAIR, "init_error": "Driver Not Loaded"}, "#!/bin/sh\nexit 1\n")
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        "<3>NVML could not read the GPUs (Driver Not Loaded): " + str(tmp_path / "metrics" / "gpu.prom")
+        + " holds no GPU series until it can",
+        "<4>the kernel log could not be read (journalctl: exit 1): no Xid series this time",
+    ]  # fmt: skip
+    assert "gpubox_gpu_temperature_celsius" not in text
+    assert "gpubox_gpu_metrics_last_read_timestamp_seconds" in text
