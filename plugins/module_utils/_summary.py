@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ansible_collections.gpubox.inference.plugins.module_utils._fleet import fleet_lines
 from ansible_collections.gpubox.inference.plugins.module_utils._preflight import VERDICT_WORDS
 from ansible_collections.gpubox.inference.plugins.module_utils._words import STEPS
 
@@ -175,9 +176,16 @@ def _monitoring_lines(monitoring: dict) -> list[str]:
     ]
 
 
+def _gateway_lines(gateway: dict) -> list[str]:
+    if not gateway.get("url"):
+        return []
+    lines = [f"Gateway: {gateway['url']} (OpenAI-compatible; API key required), in front of the fleet"]
+    return lines + fleet_lines(gateway, gateway.get("answers"))
+
+
 def summary(host: str, parts: dict) -> list[str]:
-    """Lines for one host. ``parts``: gpu, gpu_p2p, preflight, vllm, endpoint, smoke, power, drift, monitoring
-    (each optional)."""
+    """Lines for one host. ``parts``: gpu, gpu_p2p, preflight, vllm, endpoint, smoke, power, drift, monitoring,
+    gateway (each optional)."""
     lines = [f"{host}:"]
     lines += _gpu_lines(parts.get("gpu") or {})
     lines += _preflight_lines(parts.get("preflight") or {})
@@ -190,6 +198,7 @@ def summary(host: str, parts: dict) -> list[str]:
     lines += _power_lines(parts.get("power") or {})
     lines += _watch_lines(parts.get("vllm") or {}, parts.get("drift") or {})
     lines += _monitoring_lines(parts.get("monitoring") or {})
+    lines += _gateway_lines(parts.get("gateway") or {})
     if len(lines) == 1:
         lines.append("nothing deployed in this run (check the tags and vllm_model / nginx_proxy_api_keys)")
     return lines

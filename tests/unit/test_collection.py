@@ -129,6 +129,7 @@ def test_site_yml_has_a_tag_per_phase_in_order():
         "proxy",
         "smoke",
         "gpubox,vllm",
+        "gateway",
         "monitoring",
         "always",
     ]

@@ -320,13 +320,28 @@ def run_role_checked(tmp_path, **variables) -> subprocess.CompletedProcess:
         ({"nginx_proxy_worker_processes": "2; user root"}, 'nginx_proxy_worker_processes is "2; user root"'),
         ({"nginx_proxy_upstreams": []}, "nginx_proxy_upstreams must list at least one host:port (0 given)"),
         ({"nginx_proxy_api_keys": [{"name": "short", "key": "tooshort"}]}, "keys of at least 16 characters"),
+        ({"nginx_proxy_fleet_key": "tooshort-fleet"}, "keys of at least 16 characters (nginx_proxy_fleet_key too)"),
+        (
+            {"nginx_proxy_api_keys": [{"name": "gpubox-gateway", "key": "a-client-key-0123456789"}]},
+            "gpubox-gateway is the gateway's",
+        ),
         ({"nginx_proxy_api_keys": [{"name": "weak", "key": "a" * 16}]}, "with at least 10 different characters"),
         (
             {"nginx_proxy_api_keys": [{"name": "a", "key": CLIENT_KEY}, {"name": "b", "key": CLIENT_KEY.upper()}]},
             "no two alike even in another case",
         ),
     ],
-    ids=["zero-workers", "word-workers", "injected-workers", "no-upstream", "short-key", "weak-key", "keys-alike-but-case"],
+    ids=[
+        "zero-workers",
+        "word-workers",
+        "injected-workers",
+        "no-upstream",
+        "short-key",
+        "short-fleet-key",
+        "reserved-name",
+        "weak-key",
+        "keys-alike-but-case",
+    ],
 )
 def test_bad_input_is_refused_before_anything_changes(tmp_path, variables, message):
     result = run_role_checked(tmp_path, **variables)
@@ -336,6 +351,7 @@ def test_bad_input_is_refused_before_anything_changes(tmp_path, variables, messa
     assert "Install Nginx" not in out, "a changing task ran after the check failed"
     for entry in variables.get("nginx_proxy_api_keys", []):
         assert entry["key"] not in out, "a key was printed"
+    assert variables.get("nginx_proxy_fleet_key", "no fleet key given") not in out, "the fleet key was printed"
 
 
 @pytest.mark.parametrize("workers", [1, "4", "auto", None])

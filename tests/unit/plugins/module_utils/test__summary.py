@@ -166,3 +166,16 @@ def test_the_monitoring_says_what_prometheus_reads_and_where_the_alerts_are():
     sent = summary("box", {"monitoring": {**monitoring, "jobs": ["node"], "gpus": False, "alertmanagers": ["am:9093"]}})
     assert sent[-1].startswith("Monitoring: Prometheus at http://127.0.0.1:9090 reads the box every 15 s; alerts at am:9093;")
     assert not any(line.startswith("Monitoring") for line in summary("box", {"monitoring": None}))
+
+
+def test_the_gateway_says_its_endpoint_and_each_box_with_its_state():
+    gateway = {"url": "https://gw.lan:443/v1", "model": "llama", "answers": {"box-1": 200, "box-2": 0},
+               "members": [{"name": "box-1", "upstream": "10.0.0.1:443", "drained": False},
+                           {"name": "box-2", "upstream": "10.0.0.2:443", "drained": False}],
+               "left_out": [{"name": "box-3", "reason": "no_tls"}]}  # fmt: skip
+    lines = summary("gw", {"gateway": gateway})
+    assert lines[1] == "Gateway: https://gw.lan:443/v1 (OpenAI-compatible; API key required), in front of the fleet"
+    assert lines[2].startswith("Fleet: 'llama' balanced over 2 box(es): box-1 (10.0.0.1:443) in rotation, answering; ")
+    assert "box-2 (10.0.0.2:443) in rotation, NOT answering (no connection)" in lines[2]
+    assert "box-3 left out: its front door is plain HTTP" in lines[2]
+    assert not any(line.startswith(("Gateway", "Fleet")) for line in summary("box", {"gateway": None}))
