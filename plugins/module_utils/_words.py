@@ -44,6 +44,28 @@ TEMPLATES = {
     ),
     "tp.derived_no_config": "{size}: the {allowed} GPU(s) the preflight allows (the model's head counts are unknown)",
     "tp.lowered": "{size}: lowered from vllm_tensor_parallel_size={pinned}, this host has {gpus} GPUs (vllm_allow_downgrade)",
+    # A cluster across boxes on Ray (_cluster.plan): its decisions and refusals.
+    "cluster.tp": (
+        "{size}: tensor parallelism stays within a box: the largest size at most each box's {gpus} GPU(s) that divides "
+        "the model's {heads} attention heads and {kv_heads} KV heads"
+    ),
+    "pp.user": "your choice",
+    "cluster.pp": (
+        "{size}: one pipeline stage per box, the model's {layers} layers split across them (only activations cross the network)"
+    ),
+    "cluster.interface.user": "your choice",
+    "cluster.interface.route": "each box's interface of its default route, which carries the boxes' own addresses",
+    "cluster.ib_disable": "no RDMA NIC on {boxes}: NCCL uses sockets on every box (both ends of a connection need one transport)",
+    "cluster.one_box": "a cluster needs two boxes or more ({boxes} given)",
+    "cluster.disagree": "the boxes differ in {field}: {values}",
+    "cluster.no_gpu": "no GPU on {boxes}",
+    "cluster.tp_exceeds_box": "a tensor-parallel size of {size} needs more GPUs than a box has ({gpus})",
+    "cluster.tp_heads": (
+        "a tensor-parallel size of {size} does not divide the model's {heads} attention heads and {kv_heads} KV heads"
+    ),
+    "cluster.pp_boxes": "a pipeline-parallel size of {size} is not one stage per box ({boxes} boxes)",
+    "cluster.pp_layers": "{size} pipeline stages for {layers} layers",
+    "cluster.no_interface": "no network interface known for {box}: set it, or gather its facts",
     "cuda_device_order": "GPU numbers follow the PCI bus, as nvidia-smi and the preflight count them",
     "multiproc_spawn": "tensor-parallel workers must not fork a process that holds CUDA",
     "nccl_p2p_disable.acs_redirect": "ACS redirects P2P on {bridge} (GPU pair {pair})",
@@ -253,6 +275,13 @@ def say(code: str, **fields) -> str:
         fields["bound_words"] = BOUNDS.get(fields["bound_from"], fields["bound_from"])
     if isinstance(fields.get("problems"), list):
         fields["problems"] = "; ".join(explain(problem) for problem in fields["problems"])
+    if code.startswith("cluster."):
+        fields = {
+            key: ", ".join(value) if isinstance(value, list)
+            else "; ".join(f"{name} {item}" for name, item in value.items()) if isinstance(value, dict)
+            else value
+            for key, value in fields.items()
+        }  # fmt: skip
     if code.startswith("drift."):
         fields = {key: ", ".join(value) if isinstance(value, list) else value for key, value in fields.items()}
     for name in ("containers", "busy"):

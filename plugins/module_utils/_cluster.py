@@ -1,0 +1,120 @@
+# Copyright (c) gpubox.inference contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Private: a model larger than one box, on vLLM over Ray across boxes: whether the boxes can form one cluster,
+how the model is split over them, and what NCCL is told. Data in, data out; no Ansible imports.
+
+vLLM's multi-node mode puts tensor parallelism within a box (its GPUs talk over NVLink or PCIe) and pipeline
+parallelism across boxes (one stage per box, activations over the network once per layer group). Each box is
+described by what its own run read: ``{"name", "address", "gpu": gpu_facts, "image": "repo:tag", "nics":
+[{"name", "device"}] from the topology, "interface": its default route's interface}``.
+
+Decisions come back as fields with reason codes (``_words.say`` renders them); refusals name the field and
+each box's value.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.gpubox.inference.plugins.module_utils._vllm import fits_heads, largest_fitting_tp
+
+# NIC devices that carry RDMA (InfiniBand, RoCE, iWARP), as nvidia-smi topo -m's NIC Legend names them: the RDMA
+# drivers' own names (mlx5_0, bnxt_re0, irdma0, ...) and rdma-core's predictable ones (rocep49s0, ibp3s0, iwp1s0).
+RDMA_DEVICE = re.compile(r"^(mlx\d+_\d+|bnxt_re\d+|irdma\d+|qedr\d+|efa_\d+|hfi\d+_\d+|ionic_\d+|(roce|ib|iw)[ps]\d+\w*|ib\d+)$")
+
+# What every box of one cluster must share, and how each box's value is read.
+AGREE = {
+    "gpu_model": lambda box: ", ".join(sorted({d.get("name") or "?" for d in (box.get("gpu") or {}).get("devices") or []})),
+    "gpu_count": lambda box: int((box.get("gpu") or {}).get("count") or 0),
+    "driver": lambda box: (box.get("gpu") or {}).get("driver_version") or "",
+    "image": lambda box: box.get("image") or "",
+}
+
+
+def disagreements(boxes: list[dict]) -> list[dict]:
+    """Each shared property on which the boxes differ: ``{"code": "cluster.disagree", "field", "values": {box: value}}``."""
+    found = []
+    for field, read in AGREE.items():
+        values = {box["name"]: read(box) for box in boxes}
+        if len(set(values.values())) > 1:
+            found.append({"code": "cluster.disagree", "field": field, "values": values})
+    return found
+
+
+def has_rdma(box: dict) -> bool:
+    return any(RDMA_DEVICE.match(str(nic.get("device") or "")) for nic in box.get("nics") or [])
+
+
+def _nccl(boxes: list[dict], interface: str) -> tuple[dict, dict, list[dict]]:
+    """Per box, NCCL's and Gloo's interface and whether InfiniBand is off; the reasons; refusals."""
+    env: dict[str, dict] = {}
+    refusals = []
+    without_rdma = [box["name"] for box in boxes if not has_rdma(box)]
+    for box in boxes:
+        chosen = interface or box.get("interface") or ""
+        if not chosen:
+            refusals.append({"code": "cluster.no_interface", "box": box["name"]})
+            continue
+        env[box["name"]] = {"NCCL_SOCKET_IFNAME": chosen, "GLOO_SOCKET_IFNAME": chosen}
+        if without_rdma:
+            env[box["name"]]["NCCL_IB_DISABLE"] = "1"
+    why = {"NCCL_SOCKET_IFNAME": {"code": "cluster.interface.user" if interface else "cluster.interface.route"}}
+    if without_rdma:
+        # Both ends of a connection must offer the same transport: one box without RDMA turns it off for all.
+        why["NCCL_IB_DISABLE"] = {"code": "cluster.ib_disable", "boxes": without_rdma}
+    return env, why, refusals
+
+
+def plan(boxes: list[dict], model_config: dict | None, settings: dict) -> dict:
+    """The cluster: head and workers, tensor and pipeline parallel sizes with their reasons, vLLM's arguments and
+    each box's environment, or the refusals.
+
+    ``settings``: ``tensor_parallel_size`` and ``pipeline_parallel_size`` (0: derived), ``interface`` ("" : each
+    box's default route's interface). The first box is the Ray head.
+    """
+    config = model_config or {}
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    layers = config.get("num_hidden_layers")
+    refusals: list[dict] = []
+    if len(boxes) < 2:
+        refusals.append({"code": "cluster.one_box", "boxes": [box["name"] for box in boxes]})
+    refusals += disagreements(boxes)
+    gpus = min((AGREE["gpu_count"](box) for box in boxes), default=0)
+    if boxes and not gpus:
+        refusals.append({"code": "cluster.no_gpu", "boxes": [box["name"] for box in boxes if not AGREE["gpu_count"](box)]})
+    reasons: dict[str, dict] = {}
+    tp = int(settings.get("tensor_parallel_size") or 0)
+    if tp:
+        reasons["--tensor-parallel-size"] = {"code": "tp.user"}
+        if gpus and tp > gpus:
+            refusals.append({"code": "cluster.tp_exceeds_box", "size": tp, "gpus": gpus})
+        elif not fits_heads(tp, heads, kv_heads):
+            refusals.append({"code": "cluster.tp_heads", "size": tp, "heads": heads, "kv_heads": kv_heads})
+    else:
+        tp = largest_fitting_tp(gpus, heads, kv_heads)
+        reasons["--tensor-parallel-size"] = {"code": "cluster.tp", "size": tp, "gpus": gpus, "heads": heads, "kv_heads": kv_heads}
+    pp = int(settings.get("pipeline_parallel_size") or 0)
+    if pp:
+        reasons["--pipeline-parallel-size"] = {"code": "pp.user"}
+        if pp != len(boxes):
+            refusals.append({"code": "cluster.pp_boxes", "size": pp, "boxes": len(boxes)})
+    else:
+        pp = len(boxes)
+        reasons["--pipeline-parallel-size"] = {"code": "cluster.pp", "size": pp, "layers": layers}
+    if layers and pp > layers:
+        refusals.append({"code": "cluster.pp_layers", "size": pp, "layers": layers})
+    env, nccl_why, nccl_refusals = _nccl(boxes, settings.get("interface") or "")
+    reasons.update(nccl_why)
+    refusals += nccl_refusals
+    args = ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp), "--distributed-executor-backend", "ray"]
+    return {
+        "head": boxes[0]["name"] if boxes else None,
+        "workers": [box["name"] for box in boxes[1:]],
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "args": args,
+        "env": env,
+        "reasons": reasons,
+        "refusals": refusals,
+    }
