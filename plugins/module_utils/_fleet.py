@@ -21,6 +21,7 @@ LEFT_OUT = {
     "not_deployed": "no vLLM deployment stored on the box (site.yml has not deployed it yet)",
     "no_front_door": "no front door stored on the box (set nginx_proxy_api_keys for it)",
     "no_tls": "its front door is plain HTTP; the fleet key only travels over TLS (set nginx_proxy_tls: true)",
+    "no_certificate": "its front door's record names no certificate (written before fleets: run site.yml on the box)",
     "other_model": "it serves another model",
 }
 
@@ -53,6 +54,7 @@ def members(boxes: list[dict], model: str = "", drained: list[str] | tuple = ())
     proxy.json or None}``; ``address`` is how the gateway reaches the box (its ``ansible_host``).
     ``model``: the served model name to balance; empty for the one every deployed box serves.
     ``drained``: box names kept in the upstream list but marked down (no new requests).
+    A member's ``certificate`` is the path on the box of the certificate its front door shows (the gateway trusts it).
 
     Returns ``{"model", "members": [{"name", "upstream", "drained", "certificate"}], "left_out": [{"name",
     "reason"}], "refusal": None | {"code", "models"?: {name: model}}}``.
@@ -67,6 +69,8 @@ def members(boxes: list[dict], model: str = "", drained: list[str] | tuple = ())
             left_out.append({"name": box["name"], "reason": "no_front_door"})
         elif not endpoint.get("tls"):
             left_out.append({"name": box["name"], "reason": "no_tls"})
+        elif not endpoint.get("certificate"):
+            left_out.append({"name": box["name"], "reason": "no_certificate"})
         else:
             serving[box["name"]] = box
     served = {name: box["deployment"]["served_model_name"] for name, box in serving.items()}
@@ -86,7 +90,7 @@ def members(boxes: list[dict], model: str = "", drained: list[str] | tuple = ())
             "name": name,
             "upstream": upstream_address(box.get("address") or name, port),
             "drained": name in drained,
-            "certificate": box["endpoint"].get("certificate", ""),
+            "certificate": box["endpoint"]["certificate"],
         })  # fmt: skip
     refusal = None
     if not result:

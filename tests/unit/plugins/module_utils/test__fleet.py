@@ -31,15 +31,19 @@ def test_an_ipv6_address_is_bracketed_and_a_name_is_kept():
 
 
 def test_boxes_without_a_deployment_a_front_door_or_tls_are_left_out_with_their_reason():
+    old = box("f")
+    del old["endpoint"]["certificate"]
     boxes = [box("a"), box("b", model=None), {**box("c"), "endpoint": None}, box("d", tls=False),
-             box("e", url="https://e.lan:443/v1")]  # fmt: skip
+             box("e", url="https://e.lan:443/v1"), old]  # fmt: skip
     fleet = _fleet.members(boxes)
     assert [m["name"] for m in fleet["members"]] == ["a", "e"]
     assert fleet["left_out"] == [
         {"name": "b", "reason": "not_deployed"},
         {"name": "c", "reason": "no_front_door"},
         {"name": "d", "reason": "no_tls"},
+        {"name": "f", "reason": "no_certificate"},
     ]
+    assert "f left out: its front door's record names no certificate" in _fleet.fleet_lines(fleet)[0]
     lines = _fleet.fleet_lines(fleet)
     assert "d left out: its front door is plain HTTP" in lines[0]
     assert "nginx_proxy_tls: true" in lines[0]
