@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 PROJECT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+# The box; the gateway's tests are tests/test_gateway.py.
+testinfra_hosts = ["gpubox-debian12"]
 
 
 # ------------------------------------------------------------ the whole play
@@ -33,10 +35,13 @@ def site(*flags: str) -> subprocess.CompletedProcess:
 
 
 def assert_no_change(run: subprocess.CompletedProcess) -> None:
-    recap = re.search(r"gpubox-debian12\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", run.stdout)
-    assert recap, run.stdout[-3000:] + run.stderr[-2000:]
-    assert int(recap.group(1)) > 0
-    assert recap.group(2, 3, 4) == ("0", "0", "0"), run.stdout[-3000:]
+    """Nothing changed on the box or on the gateway."""
+    pattern = r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)"
+    recaps = {name: counts for name, *counts in re.findall(pattern, run.stdout, re.M)}
+    assert set(recaps) == {"gpubox-debian12", "gpubox-gateway"}, run.stdout[-3000:] + run.stderr[-2000:]
+    for counts in recaps.values():
+        assert int(counts[0]) > 0
+        assert counts[1:] == ["0", "0", "0"], run.stdout[-3000:]
 
 
 def test_check_mode_on_the_converged_host_reports_no_change():
@@ -181,6 +186,7 @@ def test_nginx_config_checks_and_listens(host):
     assert host.service("nginx").is_running
     assert host.service("nginx").is_enabled
     assert host.socket("tcp://0.0.0.0:80").is_listening
+    assert host.socket("tcp://0.0.0.0:443").is_listening
     assert not host.file("/etc/nginx/sites-enabled/default").exists
     site = host.file("/etc/nginx/conf.d/gpubox-openai.conf")
     assert (site.user, site.mode) == ("root", 0o640)
@@ -217,14 +223,17 @@ def test_nginx_runs_the_roles_number_of_workers(host):
     assert count_processes(host, "nginx: worker process") == 1
 
 
-FETCH = """
-import json, sys, urllib.error, urllib.request
-request = urllib.request.Request("http://127.0.0.1/v1/models", headers=json.loads(sys.argv[1]))
+# The box's front door is TLS (the fleet's gateway reaches it so); its self-signed pair names 127.0.0.1.
+TLS = 'ssl.create_default_context(cafile="/etc/nginx/gpubox-tls/selfsigned.crt")'
+
+FETCH = f"""
+import json, ssl, sys, urllib.error, urllib.request
+request = urllib.request.Request("https://127.0.0.1/v1/models", headers=json.loads(sys.argv[1]))
 try:
-    response = urllib.request.urlopen(request, timeout=10)
+    response = urllib.request.urlopen(request, timeout=10, context={TLS})
 except urllib.error.HTTPError as error:
     response = error
-print(json.dumps({"status": response.status, "headers": dict(response.headers), "body": response.read().decode()}))
+print(json.dumps({{"status": response.status, "headers": dict(response.headers), "body": response.read().decode()}}))
 """
 
 
@@ -266,7 +275,8 @@ def test_local_facts_record_the_deployment_and_the_endpoint(host):
     assert deployed["url"] == "http://127.0.0.1:8000/v1"
     assert deployed["tensor_parallel_size"] == 1
     proxy = json.loads(host.file("/var/lib/gpubox/proxy.json").content_string)
-    assert proxy["local_url"] == "http://127.0.0.1:80/v1"
+    assert proxy["local_url"] == "https://127.0.0.1:443/v1"
+    assert proxy["certificate"] == "/etc/nginx/gpubox-tls/selfsigned.crt"
 
 
 # ------------------------------------------------------------ the GPU swap (side_effect.yml)
@@ -356,7 +366,7 @@ def test_the_summary_says_what_changed_and_what_was_measured():
     assert "GPU swap handled: vLLM's P2P cache cleared, the vLLM container recreated" in text
     assert "Model: tiny (/srv/models/tiny-chat), tensor parallel 1" in text
     assert "Correctness gate: the correctness gate passed with the configuration as planned" in text
-    assert "Endpoint: http://" in text
+    assert "Endpoint: https://" in text
     assert "Smoke test: 4/4 streams OK" in text
     assert "GPU power: GPU0 298 W, GPU1 298 W, persistence mode on; set again at every boot" in text
     assert "Watched: the engine watchdog probes vLLM every 5 s" in text
@@ -495,13 +505,13 @@ for pid in os.listdir("/proc"):
         print(pid)
 """
 
-COMPLETION = """
-import json, sys, urllib.error, urllib.request
-body = {"model": "tiny", "prompt": "the quick brown fox jumps over a lazy dog while gpus share", "max_tokens": 1}
-request = urllib.request.Request("http://127.0.0.1/v1/completions", data=json.dumps(body).encode(),
-    headers={"Authorization": "Bearer molecule-key-0123456789abcdef", "Content-Type": "application/json"})
+COMPLETION = f"""
+import json, ssl, sys, urllib.error, urllib.request
+body = {{"model": "tiny", "prompt": "the quick brown fox jumps over a lazy dog while gpus share", "max_tokens": 1}}
+request = urllib.request.Request("https://127.0.0.1/v1/completions", data=json.dumps(body).encode(),
+    headers={{"Authorization": "Bearer molecule-key-0123456789abcdef", "Content-Type": "application/json"}})
 try:
-    print(urllib.request.urlopen(request, timeout=10).status)
+    print(urllib.request.urlopen(request, timeout=10, context={TLS}).status)
 except (urllib.error.URLError, OSError) as error:
     print(getattr(error, "code", None) or error)
 """
