@@ -38,5 +38,20 @@ def merge(current: dict, settings: dict) -> dict:
     return merged
 
 
+# What dockerd reads again on SIGHUP (systemctl reload docker), per its documentation ("Configuration reload
+# behavior"): a change to these alone is applied without a restart, so no container stops.
+RELOADABLE = frozenset({
+    "debug", "labels", "live-restore", "max-concurrent-downloads", "max-concurrent-uploads", "max-download-attempts",
+    "default-runtime", "runtimes", "authorization-plugins", "allow-nondistributable-artifacts", "insecure-registries",
+    "registry-mirrors", "shutdown-timeout", "features",
+})  # fmt: skip
+
+
+def restart_needed(before: dict, after: dict) -> bool:
+    """Whether going from ``before`` to ``after`` needs dockerd restarted, or a reload applies it."""
+    changed = {key for key in set(before) | set(after) if before.get(key) != after.get(key)}
+    return bool(changed - RELOADABLE)
+
+
 def render(settings: dict) -> str:
     return json.dumps(settings, indent=2, sort_keys=True) + "\n"

@@ -13,7 +13,8 @@ description:
   - Lays O(settings) over the existing C(daemon.json), recursing into objects (so adding the C(nvidia) runtime keeps
     other runtimes), and writes the file only when the result differs. Keys nobody asked about are never dropped.
   - Reports the change as a diff of the JSON before and after; in check mode it writes nothing.
-  - Does not restart Docker; notify a handler on C(changed).
+  - Does not restart Docker; notify a handler on C(changed), which restarts Docker when RV(restart) says so and
+    reloads it otherwise.
 author:
   - gpubox maintainers (@gpubox)
 attributes:
@@ -42,7 +43,14 @@ EXAMPLES = r"""
         nvidia:
           path: nvidia-container-runtime
           args: []
-  notify: Restart docker
+  register: daemon
+  notify: Apply daemon.json
+
+# In the handlers:
+- name: Apply daemon.json
+  ansible.builtin.systemd_service:
+    name: docker
+    state: "{{ 'restarted' if daemon.restart else 'reloaded' }}"
 """
 
 RETURN = r"""
@@ -51,13 +59,27 @@ daemon:
   returned: success
   type: dict
   sample: {"log-level": "warn", "runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
+restart:
+  description:
+    - Whether Docker must be restarted to apply the change. False when nothing changed, or when only settings that
+      Docker reads again on C(systemctl reload docker) changed (C(live-restore), C(runtimes), C(default-runtime),
+      C(debug), C(labels), the registry and download settings), so that no container stops.
+  returned: success
+  type: bool
+  sample: false
 """
 
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpubox.inference.plugins.module_utils._daemon_json import DaemonJsonError, merge, parse, render
+from ansible_collections.gpubox.inference.plugins.module_utils._daemon_json import (
+    DaemonJsonError,
+    merge,
+    parse,
+    render,
+    restart_needed,
+)
 
 
 def main() -> None:
@@ -79,7 +101,7 @@ def main() -> None:
         module.fail_json(msg=f"path={path!r}: cannot merge into it: {exc}; fix or remove the file first")
     merged = merge(current, module.params["settings"])
     changed = merged != current or before_text is None
-    result = {"changed": changed, "daemon": merged}
+    result = {"changed": changed, "daemon": merged, "restart": changed and restart_needed(current, merged)}
     if module._diff:
         result["diff"] = {"before": render(current) if before_text is not None else "", "after": render(merged)}
         result["diff"].update(before_header=path, after_header=path)

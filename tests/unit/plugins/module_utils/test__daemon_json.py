@@ -34,3 +34,18 @@ def test_parse_refuses_what_it_cannot_merge_into(text, message):
 
 def test_render_is_stable():
     assert render({"b": 1, "a": {"d": 2, "c": 3}}) == '{\n  "a": {\n    "c": 3,\n    "d": 2\n  },\n  "b": 1\n}\n'
+
+
+def test_only_settings_docker_reads_again_on_a_reload_spare_a_restart():
+    from ansible_collections.gpubox.inference.plugins.module_utils._daemon_json import restart_needed
+
+    base = {"log-driver": "local", "log-opts": {"max-size": "20m"}}
+    nvidia = {"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": []}}}
+    assert restart_needed(base, base) is False
+    assert restart_needed(base, {**base, "live-restore": True}) is False
+    assert restart_needed(base, {**base, **nvidia, "default-runtime": "nvidia"}) is False
+    assert restart_needed({**base, "live-restore": True}, {**base, "live-restore": False}) is False
+    # The logging driver, its options, storage and networking are read at start only.
+    assert restart_needed(base, {**base, "log-opts": {"max-size": "50m"}}) is True
+    assert restart_needed({}, {**base, "live-restore": True}) is True
+    assert restart_needed({**base, "bip": "10.9.0.1/24"}, base) is True

@@ -43,3 +43,14 @@ def test_broken_file_is_refused_with_its_path(tmp_path: Path):
     assert result["failed"] is True
     assert result["msg"].startswith(f"path='{path}': cannot merge into it: it is not valid JSON")
     assert path.read_text() == "{not json"
+
+
+def test_it_says_whether_a_restart_is_needed_or_a_reload_applies_the_change(tmp_path: Path):
+    path = tmp_path / "daemon.json"
+    path.write_text('{"log-driver": "json-file"}')
+    reload = run_module("docker_daemon_json", {"path": str(path), "settings": {**NVIDIA, "live-restore": True}})
+    assert (reload["changed"], reload["restart"]) == (True, False)
+    restart = run_module("docker_daemon_json", {"path": str(path), "settings": {"log-driver": "local"}})
+    assert (restart["changed"], restart["restart"]) == (True, True)
+    same = run_module("docker_daemon_json", {"path": str(path), "settings": {"log-driver": "local"}})
+    assert (same["changed"], same["restart"]) == (False, False)
