@@ -1,7 +1,7 @@
 # Copyright (c) gpubox.inference contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The fleet_boxes, fleet_members and fleet_refusal filters: the gateway's upstreams from the boxes' records
-(module_utils/_fleet.py)."""
+"""The fleet_boxes, fleet_members and fleet_refusal filters: the gateway's upstreams from the boxes' records; and
+fleet_in_flight: a drained box's requests in flight (module_utils/_fleet.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpubox.inference.plugins.module_utils._fleet import members, refusal_words
+from ansible_collections.gpubox.inference.plugins.module_utils._fleet import in_flight, members, refusal_words
 
 
 def _record(read):
@@ -54,6 +54,18 @@ def fleet_refusal(fleet):
     return refusal_words(fleet)
 
 
+def fleet_in_flight(metrics_text):
+    """A vLLM server's /metrics text -> its requests running and waiting (None when it does not say)."""
+    if not isinstance(metrics_text, str):
+        raise AnsibleFilterError(f"fleet_in_flight: needs the text of vLLM's /metrics, got {type(metrics_text).__name__}")
+    return in_flight(metrics_text)
+
+
 class FilterModule:
     def filters(self):
-        return {"fleet_boxes": fleet_boxes, "fleet_members": fleet_members, "fleet_refusal": fleet_refusal}
+        return {
+            "fleet_boxes": fleet_boxes,
+            "fleet_members": fleet_members,
+            "fleet_refusal": fleet_refusal,
+            "fleet_in_flight": fleet_in_flight,
+        }

@@ -16,6 +16,8 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
+from ansible_collections.gpubox.inference.plugins.module_utils._watchdog import metric_sum
+
 # Why a box is not among the gateway's upstreams.
 LEFT_OUT = {
     "not_deployed": "no vLLM deployment stored on the box (site.yml has not deployed it yet)",
@@ -24,6 +26,8 @@ LEFT_OUT = {
     "no_certificate": "its front door's record names no certificate (written before fleets: run site.yml on the box)",
     "other_model": "it serves another model",
 }
+# A vLLM server's requests in flight: being generated, and queued for the engine.
+IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 def _host_port(url: str) -> tuple[str, int] | None:
@@ -56,7 +60,7 @@ def members(boxes: list[dict], model: str = "", drained: list[str] | tuple = ())
     ``drained``: box names kept in the upstream list but marked down (no new requests).
     A member's ``certificate`` is the path on the box of the certificate its front door shows (the gateway trusts it).
 
-    Returns ``{"model", "members": [{"name", "upstream", "drained", "certificate"}], "left_out": [{"name",
+    Returns ``{"model", "members": [{"name", "upstream", "port", "drained", "certificate"}], "left_out": [{"name",
     "reason"}], "refusal": None | {"code", "models"?: {name: model}}}``.
     """
     serving = {}
@@ -89,6 +93,7 @@ def members(boxes: list[dict], model: str = "", drained: list[str] | tuple = ())
         result.append({
             "name": name,
             "upstream": upstream_address(box.get("address") or name, port),
+            "port": port,
             "drained": name in drained,
             "certificate": box["endpoint"]["certificate"],
         })  # fmt: skip
@@ -100,6 +105,16 @@ def members(boxes: list[dict], model: str = "", drained: list[str] | tuple = ())
     order = [box["name"] for box in boxes]
     left_out.sort(key=lambda entry: order.index(entry["name"]))
     return {"model": chosen, "members": result, "left_out": left_out, "refusal": refusal}
+
+
+def in_flight(metrics_text: str) -> int | None:
+    """The requests a vLLM server is generating or has queued, from its /metrics text; None when it does not say.
+
+    A box being drained for a rolling re-provision waits for this to reach 0 on every server before its server is
+    restarted, so that the streams in flight finish.
+    """
+    total = metric_sum(metrics_text or "", IN_FLIGHT_METRICS)
+    return None if total is None else int(total)
 
 
 def refusal_words(fleet: dict) -> str:

@@ -55,12 +55,12 @@ def new_state() -> dict:
     }
 
 
-def progress(metrics_text: str) -> float | None:
-    """The sum of a vLLM server's prompt and generation token counters in its /metrics text; None when absent."""
+def metric_sum(metrics_text: str, names) -> float | None:
+    """The sum of every sample of the metrics ``names`` in a Prometheus text exposition; None when none is there."""
     total, seen = 0.0, False
     for line in metrics_text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in PROGRESS_METRICS:
+        if name in names:
             try:
                 value = float(line.rsplit(" ", 1)[1])
             except (IndexError, ValueError):
@@ -68,6 +68,11 @@ def progress(metrics_text: str) -> float | None:
             if math.isfinite(value):
                 total, seen = total + value, True
     return total if seen else None
+
+
+def progress(metrics_text: str) -> float | None:
+    """The sum of a vLLM server's prompt and generation token counters in its /metrics text; None when absent."""
+    return metric_sum(metrics_text, PROGRESS_METRICS)
 
 
 def judge(probe: dict, previous_progress: float | None) -> dict:

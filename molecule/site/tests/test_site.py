@@ -138,12 +138,16 @@ def test_daemon_json_was_merged_not_overwritten(host):
     assert "default-runtime" not in daemon
 
 
-def test_docker_was_restarted_after_daemon_json_changed(host):
-    """The handler ran: the running daemon started after the file's last change, so it uses it."""
+def test_docker_applied_daemon_json_and_restarted_only_for_what_a_reload_cannot_apply(host):
+    """The logging driver is read at start: the docker role restarted Docker for it. The nvidia runtime and
+    live-restore are read again on a reload: the toolkit's change, made after Docker's last start, was applied
+    by one, and the running daemon has it."""
+    assert host.check_output("docker info --format '{{ .LoggingDriver }}'") == "local"
+    assert host.check_output("docker info --format '{{ .LiveRestoreEnabled }}'") == "true"
+    assert "nvidia" in json.loads(host.check_output("docker info --format '{{ json .Runtimes }}'"))
     changed = int(host.check_output("stat -c %Y /etc/docker/daemon.json"))
     started_us = int(host.check_output("systemctl show docker -p ActiveEnterTimestamp --value --timestamp=unix").lstrip("@"))
-    assert started_us >= changed
-    assert host.check_output("docker info --format '{{ .LoggingDriver }}'") == "local"
+    assert started_us < changed, "Docker was restarted after the runtime was added, where a reload applies it"
 
 
 # ------------------------------------------------------------ nvidia_container_toolkit
@@ -277,6 +281,9 @@ def test_local_facts_record_the_deployment_and_the_endpoint(host):
     proxy = json.loads(host.file("/var/lib/gpubox/proxy.json").content_string)
     assert proxy["local_url"] == "https://127.0.0.1:443/v1"
     assert proxy["certificate"] == "/etc/nginx/gpubox-tls/selfsigned.crt"
+    # A box of a fleet: where a rolling re-provision drains it (the file is there only while it is drained).
+    assert proxy["drain_flag"] == "/run/gpubox-drained"
+    assert not host.file("/run/gpubox-drained").exists
 
 
 # ------------------------------------------------------------ the GPU swap (side_effect.yml)
@@ -312,6 +319,10 @@ def test_exactly_the_swap_path_ran():
     assert run["stats"]["gpubox-debian12"]["failures"] == 0
     assert changed_tasks(run) == {
         "Remove vLLM's P2P access cache for the old GPUs",
+        # The box is behind the fleet's gateway: drained before its server was recreated, and back in rotation
+        # after its smoke test through its own front door.
+        "Take the box out of the fleet's rotation (its front door refuses the gateway's new requests)",
+        "Put the box back in the fleet's rotation",
         "Start the Compose project",
         "Remember the GPU set this deployment is for",
         "Remember what was deployed, for the next run's comparison",
@@ -653,3 +664,17 @@ def test_turned_off_the_monitoring_removes_what_it_installed(host):
     # The other programs' textfiles stay: they are the watchdog's and the drift watch's.
     assert host.file("/var/lib/gpubox/metrics/drift.prom").exists
     assert not host.socket("tcp://127.0.0.1:9090").is_listening
+
+
+# ------------------------------------------------------------ last: Docker restarted under the server
+
+
+def test_vllm_keeps_serving_while_docker_restarts(host):
+    """live-restore: Docker restarting (an upgrade, a changed setting) leaves the server running; only the vllm
+    role restarts it, and drains a box of a fleet first."""
+    started = "docker inspect -f '{{.State.StartedAt}}' gpubox-vllm-vllm-1"
+    before = host.check_output(started)
+    host.run_expect([0], "systemctl restart docker")
+    assert host.check_output(started) == before
+    models = fetch(host, {"Authorization": "Bearer molecule-key-0123456789abcdef"})
+    assert models["status"] == 200, models

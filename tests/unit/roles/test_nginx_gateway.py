@@ -12,7 +12,9 @@ import contextlib
 import http.client
 import json
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -280,3 +282,68 @@ def test_a_box_whose_certificate_is_not_trusted_is_not_used(fleet, tmp_path):
         assert json.loads(response.read())["error"]["code"] == "bad_gateway"
     log = (tmp_path / "gpubox-gateway.error.log").read_text()
     assert re.search(r"upstream SSL certificate verify error", log), log[-2000:]
+
+
+def gateway_lines(work: Path) -> list[str]:
+    log = work / "gpubox-openai.access.log"
+    return [line for line in log.read_text().splitlines() if 'key="gpubox-gateway"' in line] if log.exists() else []
+
+
+def test_a_box_drained_at_its_front_door_finishes_its_streams_while_the_gateway_sends_new_ones_elsewhere(vllm_server, tmp_path):
+    """A rolling re-provision drains a box with a flag file on the box, read per request (no reload): the
+    gateway's new requests get a 503 before any byte and go to another box; the stream in flight finishes; a
+    client of the box itself is still served; without the flag the box takes the gateway's requests again."""
+    # Where Nginx's workers (nobody, under a root test run) can look, as they can in the box's /run.
+    flags = Path(tempfile.mkdtemp(prefix="gpubox-drain-"))
+    flags.chmod(0o755)
+    flag = flags / "drained"
+    slow_crt, slow_key = certificate(tmp_path, "gpubox-fleet")
+    (tmp_path / "b").mkdir()
+    fast_crt, fast_key = certificate(tmp_path / "b", "gpubox-fleet")
+    trust = tmp_path / "boxes.pem"
+    trust.write_text(slow_crt.read_text() + fast_crt.read_text())
+    (tmp_path / "gateway").mkdir()
+    with (
+        paced_upstream(events=60, gap=0.05) as upstream,
+        box(tmp_path / "slow", slow_crt, slow_key, 18551, 18561, nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"],
+            _nginx_proxy_drain_flag_path=str(flag)) as slow,
+        box(tmp_path / "fast", fast_crt, fast_key, 18552, 18562) as fast,
+        nginx(tmp_path / "gateway", **gateway_variables(trust, [member("slow", 18561), member("fast", 18562)],
+                                                        nginx_proxy_http_port=18550)),
+    ):  # fmt: skip
+        site = (slow / "site.conf").read_text()
+        assert f'"gpubox-gateway" "{flag}";' in site
+        for _try in range(4):
+            response = post(18550, BODY)
+            first = response.read1(65536)
+            if b" w0" in first:
+                break
+            response.read()
+        else:
+            pytest.fail("no stream reached the slow box in 4 tries")
+        flag.write_text("")
+        slow_before, fast_before = len(gateway_lines(slow)), len(gateway_lines(fast))
+        # New requests through the gateway: every one answered, none by the drained box.
+        assert complete(18550, 4) + complete(18550, 4, stream=True) == [200] * 8
+        gateway_requests(fast, at_least=fast_before + 8)  # the last lines written
+        assert len(gateway_lines(fast)) - fast_before == 8
+        refused = gateway_lines(slow)[slow_before:]
+        assert all('" 503 ' in line for line in refused), refused
+        # The box says why, to the gateway's key only; its own clients are served.
+        answer = post(18561, {**BODY, "stream": False}, key=FLEET_KEY, tls=True)
+        assert answer.status == 503
+        assert json.loads(answer.read())["error"]["code"] == "draining"
+        direct = post(18561, BODY, tls=True)
+        assert direct.status == 200
+        assert direct.read().rstrip().endswith(b"data: [DONE]")
+        # The stream in flight when the box was drained ends whole.
+        rest = first + response.read()
+        assert b"w59" in rest, rest[-300:]
+        assert rest.rstrip().endswith(b"data: [DONE]"), rest[-300:]
+        # Back in rotation: once the flag is gone and the gateway's fail_timeout (2 s) has passed.
+        flag.unlink()
+        time.sleep(2.5)
+        slow_before = len(gateway_lines(slow))
+        assert complete(18550, 6) == [200] * 6
+        assert any('" 200 ' in line for line in gateway_lines(slow)[slow_before:]), gateway_lines(slow)[slow_before:]
+    shutil.rmtree(flags)

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import ANSIBLE_ENV, ROOT, run_ansible
 from hardware import RTX3090_PAIR, nvml_machine
-from vllm_server import KEY, PORT, PROJECT, docker, role_vars, run_role
+from vllm_server import GATE_PROMPTS, KEY, PORT, PROJECT, docker, role_vars, run_role
 
 
 @pytest.fixture(scope="module")
@@ -271,3 +271,63 @@ def test_an_image_that_needs_a_newer_cuda_than_the_driver_is_refused_before_the_
         assert not (tmp_path / "project" / "compose.yaml").exists()
     finally:
         docker("image", "rm", needs)
+
+
+def test_a_box_of_a_fleet_is_drained_only_when_its_server_restarts_and_its_streams_finish_first(deployed, workdir, image):
+    """vllm_drain_flag: a rerun that changes nothing leaves the box in rotation; a changed setting drains it (the
+    flag, which the box's front door reads) and waits for the streams in flight before the server restarts.
+
+    No Nginx here: the streams stop starting once the flag is there, as the gateway's would."""
+    import threading
+    import time
+
+    flag = workdir / "drain" / "drained"
+    flag.parent.mkdir(exist_ok=True)
+    same = run_role(workdir, role_vars(workdir, image, vllm_drain_flag=str(flag)))
+    assert same.returncode == 0, same.stdout[-3000:]
+    assert "changed=0" in same.stdout, same.stdout[-3000:]
+    assert not flag.exists(), "a box whose server does not restart is not drained"
+
+    streams: list[dict] = []
+    stop = threading.Event()
+
+    def keep_streaming(index: int) -> None:
+        while not stop.is_set() and not flag.exists():
+            record = {"done": False, "tokens": 0}
+            streams.append(record)
+            try:
+                stream = client().chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": GATE_PROMPTS[index]}], max_tokens=400,
+                    temperature=0, stream=True, extra_body={"ignore_eos": True},
+                )  # fmt: skip
+                for chunk in stream:
+                    record["tokens"] += bool(chunk.choices and chunk.choices[0].delta.content)
+                    record["done"] = record["done"] or bool(chunk.choices and chunk.choices[0].finish_reason)
+            except openai.APIError as exc:
+                record["error"] = repr(exc)
+
+    threads = [threading.Thread(target=keep_streaming, args=(index,), daemon=True) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1)
+    changed = {"VLLM_GPUBOX_TEST_DRAIN": "1"}
+    try:
+        drained = run_role(workdir, role_vars(workdir, image, vllm_drain_flag=str(flag), vllm_env=changed))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    out = drained.stdout + drained.stderr
+    try:
+        assert drained.returncode == 0, out[-3000:]
+        assert flag.exists(), "the caller (site.yml) removes the flag after the box's smoke test"
+        assert "Take the box out of the fleet's rotation" in out
+        assert streams, "no stream ran"
+        cut = [record for record in streams if not record["done"]]
+        assert not cut, f"{len(cut)} of {len(streams)} streams were cut by the restart: {cut[:3]}"
+        # The wait saw requests in flight and waited for them (the retry lines are its progress).
+        assert re.search(r"FAILED - RETRYING: .*Wait for the requests in flight to finish", out), out[-4000:]
+    finally:
+        flag.unlink(missing_ok=True)
+        restored = run_role(workdir, role_vars(workdir, image))
+        assert restored.returncode == 0, restored.stdout[-3000:]

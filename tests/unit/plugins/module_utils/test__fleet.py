@@ -18,8 +18,8 @@ def test_every_box_serving_the_one_model_is_a_member_reached_at_its_address_and_
     assert fleet["refusal"] is None
     assert fleet["model"] == "llama"
     assert fleet["members"] == [
-        {"name": "a", "upstream": "10.0.0.1:443", "drained": False, "certificate": "/etc/a.crt"},
-        {"name": "bb", "upstream": "10.0.0.2:8443", "drained": False, "certificate": "/etc/bb.crt"},
+        {"name": "a", "upstream": "10.0.0.1:443", "port": 443, "drained": False, "certificate": "/etc/a.crt"},
+        {"name": "bb", "upstream": "10.0.0.2:8443", "port": 8443, "drained": False, "certificate": "/etc/bb.crt"},
     ]
     assert fleet["left_out"] == []
 
@@ -103,3 +103,26 @@ def test_a_front_door_url_that_is_not_one_counts_as_no_front_door():
     for url in ("ftp://a/v1", "https:///v1", "https://a:notaport/v1"):
         fleet = _fleet.members([box("a", url=url)])
         assert fleet["left_out"] == [{"name": "a", "reason": "no_front_door"}], url
+
+
+def test_in_flight_counts_running_and_waiting_requests_over_every_engine():
+    # The shape of vLLM 0.x's /metrics (two engines of a data-parallel server, HELP/TYPE lines, _created samples).
+    text = (
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 2.0\n'
+        'vllm:num_requests_running{engine="1",model_name="tiny"} 1.0\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0",model_name="tiny"} 3.0\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 9.0\n'
+        'vllm:generation_tokens_total{engine="0",model_name="tiny"} 120.0\n'
+    )
+    assert _fleet.in_flight(text) == 6
+    idle = text.replace("} 2.0", "} 0.0").replace("} 1.0", "} 0.0").replace("} 3.0", "} 0.0")
+    assert _fleet.in_flight(idle) == 0
+
+
+def test_in_flight_is_unknown_where_the_text_does_not_say():
+    assert _fleet.in_flight("") is None
+    assert _fleet.in_flight("# HELP http_requests_total x\nhttp_requests_total 4\n") is None
+    assert _fleet.in_flight('vllm:num_requests_running{engine="0"} NaN\n') is None
