@@ -354,6 +354,39 @@ def test_bad_input_is_refused_before_anything_changes(tmp_path, variables, messa
     assert variables.get("nginx_proxy_fleet_key", "no fleet key given") not in out, "the fleet key was printed"
 
 
+def run_gateway_checked(tmp_path, **variables) -> subprocess.CompletedProcess:
+    """The gateway entry point on this machine in check mode (no box in the inventory)."""
+    task = {"ansible.builtin.include_role": {"name": "gpubox.inference.nginx_proxy", "tasks_from": "gateway.yml"}}
+    playbook = tmp_path / "gateway.yml"
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [task]}]))
+    extra = {"ansible_python_interpreter": sys.executable, "nginx_proxy_api_keys": [{"name": "tests", "key": CLIENT_KEY}],
+             **variables}  # fmt: skip
+    (tmp_path / "vars.json").write_text(json.dumps(extra))
+    return run_ansible(
+        "ansible-playbook", "-i", "localhost,", "-c", "local", "--check", "-e", f"@{tmp_path / 'vars.json'}", str(playbook)
+    )
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({}, "nginx_proxy_fleet_key must be set (in ansible-vault; the boxes accept it)"),
+        ({"nginx_proxy_fleet_key": "tooshort-fleet"}, "keys of at least 16 characters (nginx_proxy_fleet_key too)"),
+        ({"nginx_proxy_fleet_key": CLIENT_KEY.upper()}, "no two alike even in another case"),
+        ({"nginx_proxy_fleet_key": "f" * 16}, "with at least 10 different characters"),
+    ],
+    ids=["no-fleet-key", "short-fleet-key", "fleet-key-is-a-client-key", "weak-fleet-key"],
+)
+def test_the_gateway_checks_its_keys_as_a_box_does_before_it_reads_the_boxes(tmp_path, variables, message):
+    result = run_gateway_checked(tmp_path, **variables)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out[-3000:]
+    assert message in " ".join(out.split()), out[-3000:]
+    assert "Read each box's vLLM deployment" not in out
+    assert variables.get("nginx_proxy_fleet_key", "no fleet key given") not in out, "the fleet key was printed"
+    assert CLIENT_KEY not in out
+
+
 @pytest.mark.parametrize("workers", [1, "4", "auto", None])
 def test_good_worker_counts_pass_the_checks(tmp_path, workers):
     result = run_role_checked(tmp_path, nginx_proxy_worker_processes=workers)

@@ -17,7 +17,7 @@ import yaml
 from conftest import LLAMA_8B, ROOT, plan_gpus, plan_settings, require
 from vllm_server import image_name
 
-from ansible_collections.gpubox.inference.plugins.module_utils import _vllm
+from ansible_collections.gpubox.inference.plugins.module_utils import _cluster, _vllm
 from ansible_collections.gpubox.inference.plugins.module_utils._p2p import decide
 
 
@@ -68,6 +68,17 @@ PLANS = {
 }  # fmt: skip
 
 
+def ray_cluster() -> dict:
+    """The arguments and the head's environment of a two-box cluster plan (module_utils/_cluster.py)."""
+    boxes = [{"name": name, "address": address, "gpu": gpus(2), "image": "vllm/vllm-openai:v0.32.0", "nics": [],
+              "interface": "enp5s0"} for name, address in (("a", "10.0.0.1"), ("b", "10.0.0.2"))]  # fmt: skip
+    for box in boxes:
+        box["gpu"]["driver_version"] = "595.71.05"
+    planned = _cluster.plan(boxes, LLAMA_8B, {"tensor_parallel_size": 0, "pipeline_parallel_size": 0, "interface": ""})
+    assert planned["refusals"] == [], planned["refusals"]
+    return {"args": ["--model", "/m", *planned["args"]], "env": planned["env"]["a"]}
+
+
 def test_the_plans_cover_every_flag_the_plan_can_emit():
     """A flag added to _vllm without a plan here that emits it fails this test, so the parser check below sees it."""
     source = (ROOT / "plugins" / "module_utils" / "_vllm.py").read_text()
@@ -105,6 +116,8 @@ def parsed():
     if subprocess.run([docker, "image", "inspect", image], capture_output=True, check=False).returncode:
         pytest.fail(f"image {image} is missing: run `make deps` (scripts/vllm-test-image.sh) first")
     plans = {name: {"args": plan["args"], "env": plan["env"]} for name, plan in PLANS.items()}
+    # A cluster across boxes (vLLM over Ray): tensor parallelism within a box, one pipeline stage per box.
+    plans["ray-cluster"] = ray_cluster()
     # The API key reaches the server from the env file; it is a vLLM variable too.
     plans["env-file"] = {"args": ["--model", "/m"], "env": {"VLLM_API_KEY": "x"}}
     run = subprocess.run(
