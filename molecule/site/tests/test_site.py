@@ -671,10 +671,12 @@ def test_turned_off_the_monitoring_removes_what_it_installed(host):
 
 def test_vllm_keeps_serving_while_docker_restarts(host):
     """live-restore: Docker restarting (an upgrade, a changed setting) leaves the server running; only the vllm
-    role restarts it, and drains a box of a fleet first."""
+    role restarts it, and drains a box of a fleet first. (The monitoring tests stopped vLLM: started again first.)"""
+    host.check_output("docker compose --project-name gpubox-vllm start vllm")
+    assert wait_for(lambda: host.check_output(f"python3 -c {shlex.quote(COMPLETION)}") == "200", 240, 5)
     started = "docker inspect -f '{{.State.StartedAt}}' gpubox-vllm-vllm-1"
     before = host.check_output(started)
     host.run_expect([0], "systemctl restart docker")
-    assert host.check_output(started) == before
-    models = fetch(host, {"Authorization": "Bearer molecule-key-0123456789abcdef"})
-    assert models["status"] == 200, models
+    answer = host.check_output(f"python3 -c {shlex.quote(COMPLETION)}")
+    assert answer == "200", (answer, host.run("docker ps -a; docker logs --tail 20 gpubox-vllm-vllm-1").stdout)
+    assert host.check_output(started) == before, "the server was restarted with Docker"

@@ -82,12 +82,17 @@ def start_again(work: Path, fleet: dict) -> None:
     time.sleep(0.5)
 
 
+def gateway_lines(work: Path) -> list[str]:
+    """The box's access log lines for the gateway's requests."""
+    log = work / "gpubox-openai.access.log"
+    return [line for line in log.read_text().splitlines() if 'key="gpubox-gateway"' in line] if log.exists() else []
+
+
 def gateway_requests(work: Path, at_least: int = 0) -> int:
     """Requests the gateway made to this box, from the box's access log (written just after each answer, so
     waited for up to 2 s while fewer than ``at_least``)."""
-    log = work / "gpubox-openai.access.log"
     for _try in range(20):
-        count = sum('key="gpubox-gateway"' in line for line in log.read_text().splitlines()) if log.exists() else 0
+        count = len(gateway_lines(work))
         if count >= at_least:
             break
         time.sleep(0.1)
@@ -226,29 +231,43 @@ def test_a_box_that_goes_down_loses_no_request_and_is_used_again_when_it_returns
     assert gateway_requests(boxes["box-a"], at_least=before + 1) > before
 
 
-def test_a_stream_that_has_begun_is_never_repeated_on_another_box(vllm_server, tmp_path):
-    """A box that dies mid-stream ends that stream (the client sees it cut); the gateway does not replay it."""
+@contextmanager
+def slow_and_fast(tmp_path: Path, events: int, gateway_port: int, **slow_extra):
+    """A gateway on ``gateway_port`` in front of two boxes: "slow", whose upstream streams ``events`` paced events,
+    and "fast", in front of the real vLLM; yields both boxes' folders. The boxes' ports follow the gateway's."""
     slow_crt, slow_key = certificate(tmp_path, "gpubox-fleet")
     (tmp_path / "b").mkdir()
     fast_crt, fast_key = certificate(tmp_path / "b", "gpubox-fleet")
     trust = tmp_path / "boxes.pem"
     trust.write_text(slow_crt.read_text() + fast_crt.read_text())
     (tmp_path / "gateway").mkdir()
+    port = gateway_port
+    members = [member("slow", port + 11), member("fast", port + 12)]
     with (
-        paced_upstream(events=200, gap=0.05) as upstream,
-        box(tmp_path / "slow", slow_crt, slow_key, 18521, 18531, nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"]) as slow,
-        box(tmp_path / "fast", fast_crt, fast_key, 18522, 18532) as fast,
-        nginx(tmp_path / "gateway", **gateway_variables(trust, [member("slow", 18531), member("fast", 18532)],
-                                                        nginx_proxy_http_port=18520)),
+        paced_upstream(events=events, gap=0.05) as upstream,
+        box(tmp_path / "slow", slow_crt, slow_key, port + 1, port + 11, nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"],
+            **slow_extra) as slow,
+        box(tmp_path / "fast", fast_crt, fast_key, port + 2, port + 12) as fast,
+        nginx(tmp_path / "gateway", **gateway_variables(trust, members, nginx_proxy_http_port=port)),
     ):  # fmt: skip
-        for _try in range(4):
-            response = post(18520, BODY)
-            first = response.read1(65536)
-            if b" w0" in first:
-                break
-            response.read()
-        else:
-            pytest.fail("no stream reached the slow box in 4 tries")
+        yield slow, fast
+
+
+def stream_on_slow(gateway_port: int) -> tuple[http.client.HTTPResponse, bytes]:
+    """A stream through the gateway that landed on the slow box, and its first bytes."""
+    for _try in range(4):
+        response = post(gateway_port, BODY)
+        first = response.read1(65536)
+        if b" w0" in first:
+            return response, first
+        response.read()
+    pytest.fail("no stream reached the slow box in 4 tries")
+
+
+def test_a_stream_that_has_begun_is_never_repeated_on_another_box(vllm_server, tmp_path):
+    """A box that dies mid-stream ends that stream (the client sees it cut); the gateway does not replay it."""
+    with slow_and_fast(tmp_path, events=200, gateway_port=18520) as (slow, fast):
+        response, first = stream_on_slow(18520)
         served_by_fast = gateway_requests(fast)
         stop(slow)
         rest = b""
@@ -284,11 +303,6 @@ def test_a_box_whose_certificate_is_not_trusted_is_not_used(fleet, tmp_path):
     assert re.search(r"upstream SSL certificate verify error", log), log[-2000:]
 
 
-def gateway_lines(work: Path) -> list[str]:
-    log = work / "gpubox-openai.access.log"
-    return [line for line in log.read_text().splitlines() if 'key="gpubox-gateway"' in line] if log.exists() else []
-
-
 def test_a_box_drained_at_its_front_door_finishes_its_streams_while_the_gateway_sends_new_ones_elsewhere(vllm_server, tmp_path):
     """A rolling re-provision drains a box with a flag file on the box, read per request (no reload): the
     gateway's new requests get a 503 before any byte and go to another box; the stream in flight finishes; a
@@ -297,30 +311,10 @@ def test_a_box_drained_at_its_front_door_finishes_its_streams_while_the_gateway_
     flags = Path(tempfile.mkdtemp(prefix="gpubox-drain-"))
     flags.chmod(0o755)
     flag = flags / "drained"
-    slow_crt, slow_key = certificate(tmp_path, "gpubox-fleet")
-    (tmp_path / "b").mkdir()
-    fast_crt, fast_key = certificate(tmp_path / "b", "gpubox-fleet")
-    trust = tmp_path / "boxes.pem"
-    trust.write_text(slow_crt.read_text() + fast_crt.read_text())
-    (tmp_path / "gateway").mkdir()
-    with (
-        paced_upstream(events=60, gap=0.05) as upstream,
-        box(tmp_path / "slow", slow_crt, slow_key, 18551, 18561, nginx_proxy_upstreams=[f"127.0.0.1:{upstream}"],
-            _nginx_proxy_drain_flag_path=str(flag)) as slow,
-        box(tmp_path / "fast", fast_crt, fast_key, 18552, 18562) as fast,
-        nginx(tmp_path / "gateway", **gateway_variables(trust, [member("slow", 18561), member("fast", 18562)],
-                                                        nginx_proxy_http_port=18550)),
-    ):  # fmt: skip
+    with slow_and_fast(tmp_path, events=60, gateway_port=18550, _nginx_proxy_drain_flag_path=str(flag)) as (slow, fast):
         site = (slow / "site.conf").read_text()
         assert f'"gpubox-gateway" "{flag}";' in site
-        for _try in range(4):
-            response = post(18550, BODY)
-            first = response.read1(65536)
-            if b" w0" in first:
-                break
-            response.read()
-        else:
-            pytest.fail("no stream reached the slow box in 4 tries")
+        response, first = stream_on_slow(18550)
         flag.write_text("")
         slow_before, fast_before = len(gateway_lines(slow)), len(gateway_lines(fast))
         # New requests through the gateway: every one answered, none by the drained box.
