@@ -329,7 +329,8 @@ def test_a_box_of_a_fleet_is_drained_only_when_its_server_restarts_and_its_strea
         cut = [record for record in streams if len(record["finished"]) < 4]
         assert not cut, f"{len(cut)} of {len(streams)} streams were cut by the restart: {cut[:3]}"
         # The wait saw requests in flight and waited for them (the retry lines are its progress).
-        assert re.search(r"FAILED - RETRYING: .*Wait for the requests in flight to finish", out), out[-4000:]
+        wait = out[out.find("Take the box out of the fleet's rotation") :][:3000]
+        assert re.search(r"FAILED - RETRYING: .*Wait for the requests in flight to finish", out), (wait, streams)
     finally:
         flag.unlink(missing_ok=True)
         restored = run_role(workdir, role_vars(workdir, image))
