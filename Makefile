@@ -34,12 +34,13 @@ provision: setup
 test: deps lint sanity unit molecule
 	@echo "make test: all gates passed"
 
-## Host tools, Docker engine + Compose v2, the Molecule and vLLM test images, the test venv.
+## Host tools, Docker engine + Compose v2, the Molecule, vLLM and Ray test images, the test venv.
 deps: setup
 	scripts/host-tools.sh
 	scripts/docker-engine.sh
 	scripts/test-image.sh >/dev/null
 	scripts/vllm-test-image.sh >/dev/null
+	scripts/ray-test-image.sh >/dev/null
 	@echo "test venv: $(TEST_VENV)"
 
 lint: setup

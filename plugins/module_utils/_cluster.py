@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpubox.inference.plugins.module_utils._topology import is_rdma
 from ansible_collections.gpubox.inference.plugins.module_utils._vllm import fits_heads, largest_fitting_tp
-
-# NIC devices that carry RDMA (InfiniBand, RoCE, iWARP), as nvidia-smi topo -m's NIC Legend names them: the RDMA
-# drivers' own names (mlx5_0, bnxt_re0, irdma0, ...) and rdma-core's predictable ones (rocep49s0, ibp3s0, iwp1s0).
-RDMA_DEVICE = re.compile(r"^(mlx\d+_\d+|bnxt_re\d+|irdma\d+|qedr\d+|efa_\d+|hfi\d+_\d+|ionic_\d+|(roce|ib|iw)[ps]\d+\w*|ib\d+)$")
 
 # What every box of one cluster must share, and how each box's value is read.
 AGREE = {
@@ -31,10 +28,16 @@ AGREE = {
 }
 
 
-def disagreements(boxes: list[dict]) -> list[dict]:
+# What a cluster on vLLM's CPU backend shares: no GPU to compare.
+AGREE_CPU = ("image",)
+
+
+def disagreements(boxes: list[dict], device: str = "cuda") -> list[dict]:
     """Each shared property on which the boxes differ: ``{"code": "cluster.disagree", "field", "values": {box: value}}``."""
     found = []
     for field, read in AGREE.items():
+        if device == "cpu" and field not in AGREE_CPU:
+            continue
         values = {box["name"]: read(box) for box in boxes}
         if len(set(values.values())) > 1:
             found.append({"code": "cluster.disagree", "field": field, "values": values})
@@ -42,7 +45,7 @@ def disagreements(boxes: list[dict]) -> list[dict]:
 
 
 def has_rdma(box: dict) -> bool:
-    return any(RDMA_DEVICE.match(str(nic.get("device") or "")) for nic in box.get("nics") or [])
+    return any(is_rdma(nic.get("device")) for nic in box.get("nics") or [])
 
 
 def _nccl(boxes: list[dict], interface: str) -> tuple[dict, dict, list[dict]]:
@@ -70,8 +73,10 @@ def plan(boxes: list[dict], model_config: dict | None, settings: dict) -> dict:
     each box's environment, or the refusals.
 
     ``settings``: ``tensor_parallel_size`` and ``pipeline_parallel_size`` (0: derived), ``interface`` ("" : each
-    box's default route's interface). The first box is the Ray head.
+    box's default route's interface), ``device`` (``cuda``, or ``cpu``: no GPU to count or compare, one tensor-parallel
+    rank per box). The first box is the Ray head.
     """
+    device = settings.get("device") or "cuda"
     config = model_config or {}
     heads = config.get("num_attention_heads")
     kv_heads = config.get("num_key_value_heads") or heads
@@ -79,8 +84,9 @@ def plan(boxes: list[dict], model_config: dict | None, settings: dict) -> dict:
     refusals: list[dict] = []
     if len(boxes) < 2:
         refusals.append({"code": "cluster.one_box", "boxes": [box["name"] for box in boxes]})
-    refusals += disagreements(boxes)
-    gpus = min((AGREE["gpu_count"](box) for box in boxes), default=0)
+    refusals += [{"code": "cluster.no_address", "box": box["name"]} for box in boxes if not box.get("address")]
+    refusals += disagreements(boxes, device)
+    gpus = 1 if device == "cpu" else min((AGREE["gpu_count"](box) for box in boxes), default=0)
     if boxes and not gpus:
         refusals.append({"code": "cluster.no_gpu", "boxes": [box["name"] for box in boxes if not AGREE["gpu_count"](box)]})
     reasons: dict[str, dict] = {}
@@ -118,3 +124,32 @@ def plan(boxes: list[dict], model_config: dict | None, settings: dict) -> dict:
         "reasons": reasons,
         "refusals": refusals,
     }
+
+
+def node_command(planned: dict, addresses: dict, name: str, port: int) -> list[str]:
+    """``ray start``'s arguments for box ``name``: the head listens on ``port``, a worker joins it; each node gives its
+    own address (``addresses``: box -> the address the other boxes reach it at), and stays in the foreground so that
+    its container lives and dies with it (Compose restarts it)."""
+    own = ["--node-ip-address", addresses[name], "--block", "--disable-usage-stats"]
+    if name == planned["head"]:
+        return ["start", "--head", "--port", str(port), *own]
+    return ["start", "--address", f"{addresses[planned['head']]}:{port}", *own]
+
+
+_ACTIVE_NODE = re.compile(r"^\s*(\d+)\s+node_[0-9a-f]+\s*$")
+
+
+def active_nodes(status_text: str) -> int | None:
+    """The nodes that ``ray status`` lists as Active (None when the text has no Active section: not Ray's status)."""
+    count, section = None, None
+    for line in status_text.splitlines():
+        stripped = line.strip()
+        if stripped.endswith(":"):
+            section = stripped[:-1]
+            if section == "Active":
+                count = 0
+            continue
+        match = _ACTIVE_NODE.match(line)
+        if section == "Active" and match:
+            count += int(match.group(1))
+    return count

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ansible_collections.gpubox.inference.plugins.module_utils._topology import link_class
+from ansible_collections.gpubox.inference.plugins.module_utils._topology import is_rdma, link_class
 from ansible_collections.gpubox.inference.plugins.module_utils._words import explain, say
 
 VERDICT_WORDS = {
@@ -24,7 +24,6 @@ VERDICT_WORDS = {
     "slow": "works but slow",
     "hang": "will hang or corrupt",
 }
-RDMA = ("mlx", "ib", "roce", "bnxt_re")
 LINK_COLOURS = {
     "NVLINK": "#2e7d32",
     "PIX": "#1565c0",
@@ -100,7 +99,7 @@ def combine(topology: dict, platform: dict, acs: dict, iommu: dict, policy: dict
         "pairs": pairs,
         "iommu_translated": iommu.get("mode") == "translated",
         # NCCL may use these for its network transport (the vLLM plan reads it).
-        "rdma_nics": [n.get("device") for n in topology.get("nics", []) if (n.get("device") or "").startswith(RDMA)],
+        "rdma_nics": [n.get("device") for n in topology.get("nics", []) if is_rdma(n.get("device"))],
         "problems": _problems(pairs, group, bus_of, by_bus, policy),
     }
     return {**report, **for_group(report, group)}

@@ -36,6 +36,10 @@ _DEVICE_NAME_RE = re.compile(r"^[A-Za-z][\w.:-]*$")
 _GPU_NAME_RE = re.compile(r"^GPU(\d+)$")
 _LINK_CODE_RE = re.compile(r"^(X|NV\d+|[A-Z][A-Z0-9]*)$")
 _NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+# NIC devices that carry RDMA (InfiniBand, RoCE, iWARP), as the NIC Legend names them: the RDMA drivers' own names
+# (mlx5_0, bnxt_re0, irdma0, ...) and rdma-core's predictable ones (rocep49s0, ibp3s0, iwp1s0). NCCL's network
+# transport uses them; without one it falls back to sockets.
+RDMA_DEVICE = re.compile(r"^(mlx\d+_\d+|bnxt_re\d+|irdma\d+|qedr\d+|efa_\d+|hfi\d+_\d+|ionic_\d+|(roce|ib|iw)[ps]\d+\w*|ib\d+)$")
 # A link code run into the CPU Affinity after it: the code's first letters, then a CPU list (``PH0-115``).
 _GLUED_CELL_RE = re.compile(r"^[A-Z]{1,4}\d[\d,-]*$")
 
@@ -381,3 +385,8 @@ def analyse(topology: dict, p2p: dict[str, dict[str, str]] | None = None) -> dic
             f"works but is slower than over NVLink or a PCIe switch.{subset}",
         )
     return result
+
+
+def is_rdma(device: str | None) -> bool:
+    """Whether a NIC Legend device name is an RDMA NIC (``RDMA_DEVICE``)."""
+    return bool(RDMA_DEVICE.match(str(device or "")))

@@ -59,13 +59,14 @@ TEMPLATES = {
     "cluster.one_box": "a cluster needs two boxes or more ({boxes} given)",
     "cluster.disagree": "the boxes differ in {field}: {values}",
     "cluster.no_gpu": "no GPU on {boxes}",
+    "cluster.no_address": "no address known for {box} (set vllm_cluster_address, or give it a default route)",
     "cluster.tp_exceeds_box": "a tensor-parallel size of {size} needs more GPUs than a box has ({gpus})",
     "cluster.tp_heads": (
         "a tensor-parallel size of {size} does not divide the model's {heads} attention heads and {kv_heads} KV heads"
     ),
     "cluster.pp_boxes": "a pipeline-parallel size of {size} is not one stage per box ({boxes} boxes)",
     "cluster.pp_layers": "{size} pipeline stages for {layers} layers",
-    "cluster.no_interface": "no network interface known for {box}: set it, or gather its facts",
+    "cluster.no_interface": "no network interface known for {box} (set vllm_cluster_interface, or give it a default route)",
     "cuda_device_order": "GPU numbers follow the PCI bus, as nvidia-smi and the preflight count them",
     "multiproc_spawn": "tensor-parallel workers must not fork a process that holds CUDA",
     "nccl_p2p_disable.acs_redirect": "ACS redirects P2P on {bridge} (GPU pair {pair})",

@@ -73,7 +73,7 @@ def test_boxes_that_disagree_are_refused_with_the_difference_named(other, field,
          "a pipeline-parallel size of 3 is not one stage per box (2 boxes)"),
         ([box("a", gpus=0), box("b", gpus=0)], {}, "cluster.no_gpu", "no GPU on a, b"),
         ([box("a", interface=""), box("b")], {}, "cluster.no_interface",
-         "no network interface known for a: set it, or gather its facts"),
+         "no network interface known for a (set vllm_cluster_interface, or give it a default route)"),
     ],
     ids=["one-box", "tp-larger-than-a-box", "tp-not-dividing-the-heads", "pp-not-one-per-box", "no-gpu", "no-interface"],
 )  # fmt: skip
@@ -117,8 +117,74 @@ def test_the_rdma_nics_of_real_topologies_are_recognised():
     }
     assert "rocep49s0" in devices
     assert "mlx5_0" in devices
-    assert [device for device in devices if not _cluster.RDMA_DEVICE.match(device)] == []
+    assert [device for device in devices if not _topology.is_rdma(device)] == []
     for plain in ("eth0", "enp5s0", "eno1", "bond0", "wlan0", "docker0"):
-        assert not _cluster.RDMA_DEVICE.match(plain), plain
+        assert not _topology.is_rdma(plain), plain
     assert _cluster.has_rdma({"nics": [{"name": "NIC0", "device": "mlx5_0"}]})
     assert not _cluster.has_rdma({"nics": [{"name": "NIC0", "device": "eth0"}]})
+
+
+def test_a_cpu_cluster_compares_only_the_image_and_puts_one_rank_on_each_box():
+    """vLLM's CPU backend: no GPU to count or compare (the cluster test's nodes)."""
+    cpu = {**SETTINGS, "device": "cpu"}
+    boxes = [{**box("a"), "gpu": {}}, {**box("b", driver="580.95.05"), "gpu": {}}]
+    planned = _cluster.plan(boxes, LLAMA_8B, cpu)
+    assert planned["refusals"] == []
+    assert (planned["tensor_parallel_size"], planned["pipeline_parallel_size"]) == (1, 2)
+    other = _cluster.plan([boxes[0], {**boxes[1], "image": "vllm/vllm-openai:v0.31.0"}], LLAMA_8B, cpu)
+    assert [r["field"] for r in other["refusals"]] == ["image"]
+
+
+def test_a_box_without_an_address_is_refused_naming_the_variable():
+    planned = _cluster.plan([box("a"), {**box("b"), "address": ""}], LLAMA_8B, SETTINGS)
+    (refusal,) = planned["refusals"]
+    assert explain(refusal) == "no address known for b (set vllm_cluster_address, or give it a default route)"
+
+
+def test_the_head_starts_the_cluster_and_a_worker_joins_it_at_the_heads_address():
+    planned = _cluster.plan([box("a"), box("b")], LLAMA_8B, SETTINGS)
+    addresses = {"a": "10.0.0.1", "b": "10.0.0.2"}
+    assert _cluster.node_command(planned, addresses, "a", 6379) == [
+        "start", "--head", "--port", "6379", "--node-ip-address", "10.0.0.1", "--block", "--disable-usage-stats",
+    ]  # fmt: skip
+    assert _cluster.node_command(planned, addresses, "b", 6380) == [
+        "start", "--address", "10.0.0.1:6380", "--node-ip-address", "10.0.0.2", "--block", "--disable-usage-stats",
+    ]  # fmt: skip
+
+
+# `ray status` of ray 2.60.0 on the head of two nodes (the vLLM test image with Ray, 2026-12-02).
+RAY_STATUS = """\
+======== Autoscaler status: 2026-12-02 23:21:19.862839 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 1 node_d03033c342b5ea26991afb8dace02b5d0c52da55ee16462d06a9a0fd
+ 1 node_67f8d92d056cd2a92e607cd1200e6d4079e93f209c59b512071312cc
+Pending:
+ (no pending nodes)
+Recent failures:
+ (no failures)
+
+Resources
+---------------------------------------------------------------
+Total Usage:
+ 0.0/2.0 CPU
+ 0B/32.73GiB memory
+ 0B/14.03GiB object_store_memory
+
+From request_resources:
+ (none)
+Pending Demands:
+ (no resource demands)
+"""
+
+
+def test_the_active_nodes_of_ray_status_are_counted():
+    assert _cluster.active_nodes(RAY_STATUS) == 2
+    one = RAY_STATUS.replace(" 1 node_67f8d92d056cd2a92e607cd1200e6d4079e93f209c59b512071312cc\n", "")
+    assert _cluster.active_nodes(one) == 1
+    # Pending nodes are not in.
+    pending = one.replace(" (no pending nodes)", " 1 node_67f8d92d056cd2a92e607cd1200e6d4079e93f209c59b512071312cc")
+    assert _cluster.active_nodes(pending) == 1
+    assert _cluster.active_nodes("") is None
+    assert _cluster.active_nodes("ConnectionError: could not find any running Ray instance") is None
