@@ -9,7 +9,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 context_src="$top/tests/ray-image"
 base=$("$top/scripts/vllm-test-image.sh" --name)
 REPO=gpubox-vllm-ray
-TAG=$(cat "$context_src"/* "$0" <(echo "$base") | sha256sum | cut -c1-12)
+TAG=$(cat "$context_src"/* "$0" "$top/scripts/wheelhouse-image.sh" <(echo "$base") | sha256sum | cut -c1-12)
 IMAGE="$REPO:$TAG"
 
 if [ "${1:-}" = --name ]; then
@@ -24,26 +24,5 @@ if docker image inspect "$IMAGE" >/dev/null 2>&1; then
 fi
 
 "$top/scripts/vllm-test-image.sh" >/dev/null
-cache=${GPUBOX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpubox-inference}
-wheelhouse="$cache/ray-wheelhouse-$(grep -v "^#" "$context_src/requirements.txt" | sha256sum | cut -c1-12)"
-if [ ! -f "$wheelhouse/.complete" ]; then
-  log "downloading wheels into $wheelhouse"
-  mkdir -p "$wheelhouse"
-  # The host's Python is 3.11 on x86_64 like the image's, so its wheels fit.
-  if ! python3 -m pip download -q --only-binary :all: -d "$wheelhouse" -r "$context_src/requirements.txt" \
-       >"$wheelhouse.log" 2>&1; then
-    grep -v "^WARNING: Location 'file:" "$wheelhouse.log" >&2
-    exit 1
-  fi
-  touch "$wheelhouse/.complete"
-fi
-
-context=$(mktemp -d /var/tmp/gpubox-ray-image.XXXXXX)
-trap 'rm -rf "$context"' EXIT
-cp "$context_src"/* "$context/"
-cp -al "$wheelhouse" "$context/wheelhouse" 2>/dev/null || cp -a "$wheelhouse" "$context/wheelhouse"
-rm -f "$context/wheelhouse/.complete"
-log "building $IMAGE"
-docker build -q --build-arg "BASE=$base" -t "$IMAGE" "$context" >/dev/null
-docker image ls --format '{{.Repository}}:{{.Tag}}' "$REPO" | grep -vx "$IMAGE" | xargs -r docker image rm >/dev/null || true
-echo "$IMAGE"
+# Ray and what it needs that the vLLM image lacks (pip resolves against what is installed).
+exec "$top/scripts/wheelhouse-image.sh" ray-test-image "$IMAGE" "$context_src" "$base" ray-wheelhouse

@@ -221,4 +221,4 @@ def test_one_host_is_not_a_cluster(tmp_path, image):
     write_play(tmp_path, image, "", {"box-a": "127.0.0.10", "box-b": "127.0.0.11"})
     result = run_play(tmp_path, "-e", '{"vllm_cluster_hosts": ["box-a"]}')
     assert result.returncode == 2
-    assert 'vllm_cluster_hosts=["box-a"]: a cluster needs two hosts or more' in result.stdout
+    assert "vllm_cluster_hosts: a cluster needs two boxes or more (box-a given)" in result.stdout
