@@ -181,8 +181,6 @@ def test_the_recorded_arguments_are_ones_vllm_takes(cluster, image):
 def test_a_second_run_changes_nothing(cluster):
     again = run_play(cluster["work"])
     assert again.returncode == 0, again.stdout[-5000:]
-    for host in HOSTS:
-        assert f"{host}" in again.stdout
     recap = [line for line in again.stdout.splitlines() if line.startswith(HOSTS)]
     assert len(recap) == 2
     assert all("changed=0" in line for line in recap), recap
