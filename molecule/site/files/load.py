@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A steady load through the gateway while side_effect.yml re-provisions both boxes: a stream every second (the
 boxes share this machine's two CPUs with the play) until the stop file exists, each recorded as a JSON line (HTTP
 status, whether it ended with [DONE], what broke); OUT.done once it has stopped."""

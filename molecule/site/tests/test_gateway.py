@@ -93,7 +93,7 @@ def test_requests_through_the_gateway_reach_both_boxes_with_the_fleet_key(host):
     models = ask(host, "/v1/models")
     assert models["status"] == 200, models
     assert [model["id"] for model in json.loads(models["body"])["data"]] == ["tiny"]
-    for _ in range(5):
+    for _stream in range(5):
         streamed = ask(host, "/v1/chat/completions", body=CHAT)
         assert streamed_whole(streamed), streamed
     after = {name: gateway_requests_on(name) for name in BOXES}
@@ -144,7 +144,7 @@ def test_a_stopped_box_loses_no_request_and_is_used_again_once_back(host):
     seen = len(other.file(log_path).content_string.splitlines())
     other.check_output("docker compose --project-name gpubox-vllm stop vllm")
     try:
-        answers = [ask(host, "/v1/chat/completions", body=CHAT) for _ in range(6)]
+        answers = [ask(host, "/v1/chat/completions", body=CHAT) for _stream in range(6)]
         failed_there = [line for line in other.file(log_path).content_string.splitlines()[seen:] if '" 502 ' in line]
     finally:
         other.check_output("docker compose --project-name gpubox-vllm start vllm")
