@@ -134,6 +134,21 @@ def capture_params(folder: str) -> list:
     return [pytest.param(c, id=c.path.stem) for c in captures(folder)]
 
 
+def pytest_sessionstart(session) -> None:
+    """Compose projects the tests name gpubox-test-*, left running by a run that was killed (their restart policy
+    brings them back with the Docker engine), are taken down first: one would answer on a port a test expects free."""
+    docker = shutil.which("docker")
+    if not docker:
+        return
+    listed = subprocess.run(
+        [docker, "ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}'],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    for project in sorted({name for name in listed.stdout.split() if name.startswith("gpubox-test-")}):
+        down = [docker, "compose", "--project-name", project, "down", "--timeout", "1"]
+        subprocess.run(down, capture_output=True, check=False, timeout=120)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT

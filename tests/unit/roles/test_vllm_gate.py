@@ -16,7 +16,7 @@ import pytest
 from vllm_server import deployed, docker, role_vars, run_role
 
 PROJECT = "gpubox-test-gate"
-PORT = 18124
+PORT = 18150
 REFERENCE = "Correctness gate: the reference answers come from one CPU worker"
 
 
