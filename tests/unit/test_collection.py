@@ -126,6 +126,7 @@ def test_site_yml_has_a_tag_per_phase_in_order():
         "toolkit",
         "gpubox",
         "vllm",
+        "vllm",
         "proxy",
         "smoke",
         "gpubox,vllm",

@@ -127,6 +127,15 @@ def test_tags_vllm_keeps_p2p_off_where_acs_redirects_it_and_deploys_what_the_pre
             assert len(ran) == 1, f"{task!r} ran {len(ran)} times"
         assert not [r for r in task_results(run, "Read the GPUs") if not r.get("skipped")], "the vllm role read them again"
         assert not task_results(run, "Gathering Facts"), "a play gathered the facts again"
+        # The image and the model come in the play that takes every box at once, not in the vLLM play's turns.
+        staged = [
+            play["play"]["name"]
+            for play in run["plays"]
+            for task in play["tasks"]
+            if task["task"]["name"].endswith("Create the project and cache folders")
+            and not all(r.get("skipped") for r in task["hosts"].values())
+        ]
+        assert staged == ["The vLLM image and the model on every box"], staged
 
 
 def test_a_pinned_size_narrows_the_preflight(box):
