@@ -168,6 +168,19 @@ def run_ansible(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), cwd=ROOT, env=ANSIBLE_ENV, capture_output=True, text=True, check=False)
 
 
+def run_playbook_json(*argv: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """``ansible-playbook`` with the json callback: the run, and its JSON document (None when standard output is not
+    one, which a task that prints there causes)."""
+    import json
+
+    env = {**ANSIBLE_ENV, "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json"}
+    result = subprocess.run(["ansible-playbook", *argv], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    try:
+        return result, json.loads(result.stdout)
+    except ValueError:
+        return result, None
+
+
 def run_module(module: str, args: dict, path_prefix: Path | None = None, check: bool = False) -> dict:
     """Run ``gpubox.inference.<module>`` on localhost through the ``ansible`` CLI and return its result.
 

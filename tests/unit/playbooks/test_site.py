@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ANSIBLE_ENV, FIXTURES, LLAMA_8B, ROOT, parse_capture, run_ansible
+from conftest import ANSIBLE_ENV, FIXTURES, LLAMA_8B, ROOT, parse_capture, run_playbook_json
 from hardware import RTX3090_PAIR, nvml_machine
 
 SYS_3090 = FIXTURES / "A_topo_m" / "2x_rtx3090_SYS_numa_affinity_NA_on_gpu0_club3090_178.txt"
@@ -64,22 +64,11 @@ def box(tmp_path, fake_libcuda, monkeypatch) -> Path:
 
 def run_site(inventory: Path, *flags: str) -> dict:
     """site.yml in check mode with --diff; the JSON callback's document."""
-    env = {"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json", "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json"}
-    argv = ["ansible-playbook", "-i", str(inventory), "--check", "--diff", *flags, str(ROOT / "site.yml")]
-    old = {key: ANSIBLE_ENV.get(key) for key in env}
-    ANSIBLE_ENV.update(env)
-    try:
-        result = run_ansible(*argv)
-    finally:
-        for key, value in old.items():
-            if value is None:
-                ANSIBLE_ENV.pop(key, None)
-            else:
-                ANSIBLE_ENV[key] = value
-    try:
-        return json.loads(result.stdout)
-    except ValueError:
+    argv = ["-i", str(inventory), "--check", "--diff", *flags, str(ROOT / "site.yml")]
+    result, run = run_playbook_json(*argv)
+    if run is None:
         pytest.fail(f"no JSON from site.yml {' '.join(flags)} (rc {result.returncode}):\n{result.stdout[-3000:]}{result.stderr}")
+    return run
 
 
 def task_results(run: dict, name: str) -> list[dict]:

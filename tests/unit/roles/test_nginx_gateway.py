@@ -341,3 +341,50 @@ def test_a_box_drained_at_its_front_door_finishes_its_streams_while_the_gateway_
         assert complete(18550, 6) == [200] * 6
         assert any('" 200 ' in line for line in gateway_lines(slow)[slow_before:]), gateway_lines(slow)[slow_before:]
     shutil.rmtree(flags)
+
+
+def test_boxes_put_back_one_at_a_time_wait_for_the_gateway_between_them_and_print_nothing_into_json(tmp_path):
+    """put_back.yml as site.yml's vLLM play runs it (serial: 1): the flag removed; the wait for the gateway's
+    fail_timeout after each box but the last; silent, so that a run with the json callback stays one JSON document."""
+    import sys
+
+    import yaml
+    from conftest import run_playbook_json
+
+    hosts = {}
+    for name in ("box-1", "box-2"):
+        flag = tmp_path / f"{name}.drained"
+        flag.write_text("")
+        hosts[name] = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "nginx_proxy_endpoint": {"drain_flag": str(flag)},
+        }
+    inventory = {
+        "all": {
+            "children": {
+                "gpu_boxes": {"hosts": hosts},
+                "gpu_gateways": {"hosts": {"gateway": {"nginx_proxy_gateway_fail_timeout": 3}}},
+            }
+        }
+    }
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    play = [{
+        "hosts": "gpu_boxes", "serial": 1, "gather_facts": False,
+        "tasks": [{"ansible.builtin.include_role": {"name": "gpubox.inference.nginx_proxy", "tasks_from": "put_back.yml"}}],
+    }]  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    result, run = run_playbook_json("-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert run is not None, f"standard output is not one JSON document: {result.stdout[-1500:]}"
+    waits = {
+        host: outcome
+        for play in run["plays"]
+        for task in play["tasks"]
+        if task["task"]["name"].endswith("Wait until the gateway tries the box again, before the next box is drained")
+        for host, outcome in task["hosts"].items()
+    }
+    assert not waits["box-1"].get("skipped"), waits
+    assert waits["box-1"]["elapsed"] >= 3, waits
+    assert waits["box-2"].get("skipped"), "the last box has no next box to wait for"
+    assert not any(Path(host["nginx_proxy_endpoint"]["drain_flag"]).exists() for host in hosts.values())
