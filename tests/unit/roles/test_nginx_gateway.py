@@ -14,13 +14,15 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import require
+import yaml
+from conftest import require, run_playbook_json
 from nginx_server import BODY, event_times, nginx, paced_upstream, post, render_site
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
@@ -346,11 +348,6 @@ def test_a_box_drained_at_its_front_door_finishes_its_streams_while_the_gateway_
 def test_boxes_put_back_one_at_a_time_wait_for_the_gateway_between_them_and_print_nothing_into_json(tmp_path):
     """put_back.yml as site.yml's vLLM play runs it (serial: 1): the flag removed; the wait for the gateway's
     fail_timeout after each box but the last; silent, so that a run with the json callback stays one JSON document."""
-    import sys
-
-    import yaml
-    from conftest import run_playbook_json
-
     hosts = {}
     for name in ("box-1", "box-2"):
         flag = tmp_path / f"{name}.drained"
