@@ -52,8 +52,11 @@ lint: setup
 sanity: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" scripts/sanity.sh
 
+# The files without a real vLLM server on two workers (a file each; each of their tests runs one process at a time),
+# then those with one, alone: their timings and CPU bindings need the machine to themselves.
 unit: setup
-	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest tests/unit
+	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile -m "not vllm" tests/unit
+	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -m vllm tests/unit
 
 # The box's Docker starts empty each run (its /var/lib/docker is a named volume); the
 # vLLM image comes in from the archive, as on a box without a registry.

@@ -136,9 +136,10 @@ def capture_params(folder: str) -> list:
 
 def pytest_sessionstart(session) -> None:
     """Compose projects the tests name gpubox-test-*, left running by a run that was killed (their restart policy
-    brings them back with the Docker engine), are taken down first: one would answer on a port a test expects free."""
+    brings them back with the Docker engine), are taken down first: one would answer on a port a test expects free.
+    Once, by the pytest-xdist controller before its workers start (a worker would take down the other's servers)."""
     docker = shutil.which("docker")
-    if not docker:
+    if not docker or hasattr(session.config, "workerinput"):
         return
     listed = subprocess.run(
         [docker, "ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}'],
@@ -147,6 +148,16 @@ def pytest_sessionstart(session) -> None:
     for project in sorted({name for name in listed.stdout.split() if name.startswith("gpubox-test-")}):
         down = [docker, "compose", "--project-name", project, "down", "--timeout", "1"]
         subprocess.run(down, capture_output=True, check=False, timeout=120)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Every test of a file that deploys the real vLLM server is marked ``vllm``: `make unit` runs those files one
+    test at a time, with nothing beside them (their timings and CPU bindings need this 2-CPU machine to themselves), and
+    the other files on two workers at once."""
+    files = {item.path for item in items if "vllm_server" in item.fixturenames}
+    for item in items:
+        if item.path in files:
+            item.add_marker(pytest.mark.vllm)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,8 @@
 # Compose v2 binary given as $1.
 # The NVIDIA packages carry stand-in nvidia-ctk and nvidia-container-runtime scripts,
 # in two versions (1.17.8-1 and 1.18.0-1) so the tests can check pinning.
+# The packages are gzip -1: dpkg-deb's default xz took a minute of the scenario's prepare for docker-ce and
+# Compose alone, to save disk space nothing here needs.
 set -euo pipefail
 
 compose_binary=$1
@@ -44,7 +46,7 @@ package() {
   for pair in "$@"; do
     install -D -m 0755 "${pair%%:*}" "$dir/${pair#*:}"
   done
-  dpkg-deb --build --root-owner-group "$dir" "$out/${name}_${version}_$arch.deb" >/dev/null
+  dpkg-deb -Zgzip -z1 --build --root-owner-group "$dir" "$out/${name}_${version}_$arch.deb" >/dev/null
 }
 
 pool=$root/docker/debian/pool
@@ -53,7 +55,7 @@ dpkg-deb -R "$work"/docker.io_*.deb "$work/docker-ce"
 awk '/^(Conflicts|Replaces|Breaks|Provides):/ {skip=1; next} /^ / && skip {next} {skip=0}
      /^Package:/ {print "Package: docker-ce"; next} /^Version:/ {print "Version: 5:28.0.0-1"; next} {print}' \
   "$work/docker-ce/DEBIAN/control" > "$work/control" && mv "$work/control" "$work/docker-ce/DEBIAN/control"
-dpkg-deb --build --root-owner-group "$work/docker-ce" "$pool/docker-ce_5:28.0.0-1_$arch.deb" >/dev/null
+dpkg-deb -Zgzip -z1 --build --root-owner-group "$work/docker-ce" "$pool/docker-ce_5:28.0.0-1_$arch.deb" >/dev/null
 package docker-ce-cli 5:28.0.0-1 "docker-ce" "$pool"
 package containerd.io 1.7.0-1 "containerd" "$pool"
 package docker-buildx-plugin 0.20.0-1 "" "$pool"
