@@ -58,10 +58,10 @@ unit: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile -m "not vllm" tests/unit
 	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -m vllm tests/unit
 
-# The box's Docker starts empty each run (its /var/lib/docker is a named volume); the
+# The boxes' Docker starts empty each run (their /var/lib/docker are named volumes); the
 # vLLM image comes in from the archive, as on a box without a registry.
 molecule: setup
-	docker volume rm --force gpubox-molecule-docker >/dev/null 2>&1 || true
+	docker volume rm --force gpubox-molecule-docker gpubox-molecule-docker-b >/dev/null 2>&1 || true
 	PATH="$(TEST_VENV)/bin:$$PATH" PY_COLORS=0 ANSIBLE_FORCE_COLOR=0 NO_COLOR=1 \
 	  GPUBOX_TEST_IMAGE="$$(scripts/test-image.sh)" \
 	  GPUBOX_VLLM_ARCHIVE="$$(scripts/vllm-test-image.sh --archive)" \

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 PROJECT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
-# The box; the gateway's tests are tests/test_gateway.py.
+# The first box; the second box and the gateway are checked by tests/test_gateway.py.
 testinfra_hosts = ["gpubox-debian12"]
 
 
@@ -38,7 +38,7 @@ def assert_no_change(run: subprocess.CompletedProcess) -> None:
     """Nothing changed on the box or on the gateway."""
     pattern = r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)"
     recaps = {name: counts for name, *counts in re.findall(pattern, run.stdout, re.M)}
-    assert set(recaps) == {"gpubox-debian12", "gpubox-gateway"}, run.stdout[-3000:] + run.stderr[-2000:]
+    assert set(recaps) == {"gpubox-debian12", "gpubox-debian12-b", "gpubox-gateway"}, run.stdout[-3000:] + run.stderr[-2000:]
     for counts in recaps.values():
         assert int(counts[0]) > 0
         assert counts[1:] == ["0", "0", "0"], run.stdout[-3000:]
@@ -110,7 +110,7 @@ def test_docker_comes_from_the_signed_repository(host):
     source = deb822(host, "/etc/apt/sources.list.d/docker.sources")
     assert {k: source[k] for k in ("Types", "URIs", "Suites", "Components", "Architectures")} == {
         "Types": "deb",
-        "URIs": "http://127.0.0.1:8080/docker/debian",
+        "URIs": "http://gpubox-debian12:8080/docker/debian",
         "Suites": "bookworm",
         "Components": "stable",
         "Architectures": "amd64",
@@ -168,13 +168,13 @@ def test_toolkit_is_pinned_below_the_newest_version(host):
 
 def test_nvidia_source_is_a_signed_flat_repository(host):
     source = deb822(host, "/etc/apt/sources.list.d/nvidia-container-toolkit.sources")
-    assert source["URIs"] == "http://127.0.0.1:8080/nvidia/stable/deb/$(ARCH)"
+    assert source["URIs"] == "http://gpubox-debian12:8080/nvidia/stable/deb/$(ARCH)"
     assert source["Suites"] == "/"
     assert "Components" not in source
     assert host.file(source["Signed-By"]).content_string.startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----")
     assert not host.file("/etc/apt/sources.list.d/nvidia-container-toolkit.list").exists
     # apt read the source and trusts its key: the pinned package comes from it.
-    assert "127.0.0.1:8080/nvidia/stable/deb/amd64" in host.check_output("apt-cache policy nvidia-container-toolkit")
+    assert "gpubox-debian12:8080/nvidia/stable/deb/amd64" in host.check_output("apt-cache policy nvidia-container-toolkit")
 
 
 def test_without_a_gpu_no_cdi_spec_is_generated(host):
@@ -317,6 +317,7 @@ def debug_lines(run: dict, task_name: str) -> list[str]:
 def test_exactly_the_swap_path_ran():
     run = swap_run()
     assert run["stats"]["gpubox-debian12"]["failures"] == 0
+    assert run["stats"]["gpubox-debian12-b"]["failures"] == 0
     assert changed_tasks(run) == {
         "Remove vLLM's P2P access cache for the old GPUs",
         # The box is behind the fleet's gateway: drained before its server was recreated, and back in rotation
@@ -518,7 +519,8 @@ for pid in os.listdir("/proc"):
 
 COMPLETION = f"""
 import json, ssl, sys, urllib.error, urllib.request
-body = {{"model": "tiny", "prompt": "the quick brown fox jumps over a lazy dog while gpus share", "max_tokens": 1}}
+max_tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+body = {{"model": "tiny", "prompt": "the quick brown fox jumps over a lazy dog while gpus share", "max_tokens": max_tokens}}
 request = urllib.request.Request("https://127.0.0.1/v1/completions", data=json.dumps(body).encode(),
     headers={{"Authorization": "Bearer molecule-key-0123456789abcdef", "Content-Type": "application/json"}})
 try:
@@ -598,7 +600,9 @@ def test_prometheus_scrapes_vllm_nginx_and_the_box(host):
     for port in (9090, 9100, 9113):
         assert host.socket(f"tcp://127.0.0.1:{port}").is_listening
         assert not host.socket(f"tcp://0.0.0.0:{port}").is_listening
-    assert query(host, "sum(vllm:generation_tokens_total)")[""] > 0
+    # The watchdog's test above recreated the server, whose counters start again at 0: tokens of its own to count.
+    assert host.check_output(f"python3 -c {shlex.quote(COMPLETION)} 8") == "200"
+    assert wait_for(lambda: query(host, "sum(vllm:generation_tokens_total)")[""] > 0), "vLLM's tokens never reached Prometheus"
     assert query(host, "nginx_connections_active")[""] >= 1
 
 
