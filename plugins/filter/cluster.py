@@ -1,13 +1,13 @@
 # Copyright (c) gpubox.inference contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The cluster_plan, cluster_refusal, cluster_node_command and cluster_active_nodes filters: a Ray cluster across
-boxes for vLLM (module_utils/_cluster.py)."""
+"""The cluster_plan, cluster_refusal, cluster_node_command, cluster_server_args and cluster_active_nodes filters: a Ray
+cluster across boxes for vLLM (module_utils/_cluster.py)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpubox.inference.plugins.module_utils._cluster import active_nodes, node_command, plan
+from ansible_collections.gpubox.inference.plugins.module_utils._cluster import active_nodes, node_command, plan, server_args
 from ansible_collections.gpubox.inference.plugins.module_utils._words import explain
 
 
@@ -34,6 +34,15 @@ def cluster_node_command(planned, addresses, name, port=6379):
         raise AnsibleFilterError(f"cluster_node_command: {name!r} is not a box of the plan with an address ({exc})") from exc
 
 
+def cluster_server_args(planned, box_args):
+    """The head's vLLM arguments: the box's own plan's, with the cluster's parallelism."""
+    if not isinstance(planned, dict) or "args" not in planned:
+        raise AnsibleFilterError("cluster_server_args: needs cluster_plan's result")
+    if not isinstance(box_args, list):
+        raise AnsibleFilterError(f"cluster_server_args: needs the box plan's args (a list), got {type(box_args).__name__}")
+    return server_args(planned, [str(arg) for arg in box_args])
+
+
 def cluster_active_nodes(status_text):
     """``ray status``'s text -> the number of Active nodes (none when it is not Ray's status)."""
     if not isinstance(status_text, str):
@@ -47,5 +56,6 @@ class FilterModule:
             "cluster_plan": cluster_plan,
             "cluster_refusal": cluster_refusal,
             "cluster_node_command": cluster_node_command,
+            "cluster_server_args": cluster_server_args,
             "cluster_active_nodes": cluster_active_nodes,
         }

@@ -114,16 +114,41 @@ def plan(boxes: list[dict], model_config: dict | None, settings: dict) -> dict:
     reasons.update(nccl_why)
     refusals += nccl_refusals
     args = ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp), "--distributed-executor-backend", "ray"]
+    # The head serves the model over the cluster where vLLM's platform runs on Ray: CUDA does, the CPU backend does not.
+    serve = device == "cuda"
+    reasons["server"] = {"code": "cluster.serve" if serve else "cluster.serve.cpu", "head": boxes[0]["name"] if boxes else None}
     return {
         "head": boxes[0]["name"] if boxes else None,
         "workers": [box["name"] for box in boxes[1:]],
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
         "args": args,
+        "serve": serve,
         "env": env,
         "reasons": reasons,
         "refusals": refusals,
     }
+
+
+# The flags by which the cluster's plan replaces a box's own parallelism, each with its value.
+PARALLEL_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--distributed-executor-backend")
+
+
+def server_args(planned: dict, box_args: list[str]) -> list[str]:
+    """The head's vLLM arguments: the box's own plan (model, name, address, limits; ``_vllm.plan``'s ``args``) with
+    its parallelism replaced by the cluster's (tensor parallelism within a box, a pipeline stage per box, on Ray)."""
+    args, skip = [], False
+    for index, arg in enumerate(box_args):
+        if skip:
+            skip = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in PARALLEL_FLAGS:
+            # "--flag value", or "--flag=value" in one word.
+            skip = "=" not in arg and index + 1 < len(box_args)
+            continue
+        args.append(arg)
+    return args + planned["args"]
 
 
 def node_command(planned: dict, addresses: dict, name: str, port: int) -> list[str]:

@@ -53,6 +53,11 @@ TEMPLATES = {
     "cluster.pp": (
         "{size}: one pipeline stage per box, the model's {layers} layers split across them (only activations cross the network)"
     ),
+    "cluster.serve": "{head} serves the model over the cluster (the server's Ray driver beside its head node)",
+    "cluster.serve.cpu": (
+        "none: vLLM's CPU platform does not run on Ray (0.32.0: 'current platform cpu does not support ray'), "
+        "so the cluster forms and nothing serves on it"
+    ),
     "cluster.interface.user": "your choice",
     "cluster.interface.route": "each box's interface of its default route, which carries the boxes' own addresses",
     "cluster.ib_disable": "no RDMA NIC on {boxes}: NCCL uses sockets on every box (both ends of a connection need one transport)",

@@ -191,6 +191,23 @@ def nvml_machine(path: Path, machine: dict) -> Path:
     return path
 
 
+def one_stand_in_gpu(tmp_path: Path, monkeypatch, **machine) -> None:
+    """NVML (the stand-in pynvml) and nvidia-smi see one RTX 3090 of the captured pair, for the plays this test runs."""
+    from conftest import ANSIBLE_ENV, ROOT
+
+    fakes = ROOT / "tests" / "unit" / "fakes"
+    monkeypatch.setitem(ANSIBLE_ENV, "PYTHONPATH", os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")]))
+    one_gpu = {**RTX3090_PAIR, "gpus": RTX3090_PAIR["gpus"][:1], "p2p": {}, "topology": {}, **machine}
+    monkeypatch.setitem(ANSIBLE_ENV, "GPUBOX_FAKE_NVML", str(nvml_machine(tmp_path / "machine.json", one_gpu)))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    topo = tmp_path / "topo.txt"
+    topo.write_text("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-15\t0\n")
+    (bindir / "nvidia-smi").write_text(f"#!/bin/sh\ncat {topo}\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setitem(ANSIBLE_ENV, "PATH", f"{bindir}{os.pathsep}{ANSIBLE_ENV['PATH']}")
+
+
 # ------------------------------------------------------------ CUDA driver
 
 FAKE_LIBCUDA_SOURCE = Path(__file__).parent / "fakes" / "libcuda.c"

@@ -7,7 +7,6 @@ Needs Docker and the image from scripts/vllm-test-image.sh (`make deps` builds b
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import urllib.error
@@ -17,8 +16,8 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
-from conftest import ANSIBLE_ENV, ROOT, run_ansible
-from hardware import RTX3090_PAIR, nvml_machine
+from conftest import run_ansible
+from hardware import one_stand_in_gpu
 from vllm_server import GATE_PROMPTS, KEY, PORT, PROJECT, docker, role_vars, run_role
 
 
@@ -74,21 +73,6 @@ def plan_only(work: Path, variables: dict) -> subprocess.CompletedProcess:
     (work / "vars.json").write_text(json.dumps(variables))
     extra = f"@{work / 'vars.json'}"
     return run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", extra, str(work / "plan.yml"))
-
-
-def one_stand_in_gpu(tmp_path: Path, monkeypatch, **machine) -> None:
-    """NVML (the stand-in pynvml) and nvidia-smi see one RTX 3090 of the captured pair, for the plays this test runs."""
-    fakes = ROOT / "tests" / "unit" / "fakes"
-    monkeypatch.setitem(ANSIBLE_ENV, "PYTHONPATH", os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")]))
-    one_gpu = {**RTX3090_PAIR, "gpus": RTX3090_PAIR["gpus"][:1], "p2p": {}, "topology": {}, **machine}
-    monkeypatch.setitem(ANSIBLE_ENV, "GPUBOX_FAKE_NVML", str(nvml_machine(tmp_path / "machine.json", one_gpu)))
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    topo = tmp_path / "topo.txt"
-    topo.write_text("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-15\t0\n")
-    (bindir / "nvidia-smi").write_text(f"#!/bin/sh\ncat {topo}\n")
-    (bindir / "nvidia-smi").chmod(0o755)
-    monkeypatch.setitem(ANSIBLE_ENV, "PATH", f"{bindir}{os.pathsep}{ANSIBLE_ENV['PATH']}")
 
 
 @pytest.mark.parametrize("allow", [False, True])

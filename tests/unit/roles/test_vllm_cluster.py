@@ -4,8 +4,9 @@ are on it and nowhere else). The role plans the cluster from what it reads on ea
 worker, and waits until both are in; a Ray task then runs on each node.
 
 vLLM 0.32.0's CPU platform refuses Ray ("current platform cpu does not support ray"), so no vLLM serves across
-these nodes here; the arguments the head's vLLM would take are checked against vLLM's own parser
-(test_vllm_version.py, plan "ray-cluster", and below from the recorded plan).
+these nodes here (the plan says so, and renders no server): a Ray driver in a container of its own beside the head
+node, as the head's vLLM server is, runs a task on each node; and the server the role renders for CUDA boxes (run in
+check mode with the stand-in NVML) has its command checked against vLLM's own parser.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, require, run_ansible
+from conftest import ROOT, require, run_ansible, run_playbook_json
+from hardware import one_stand_in_gpu
+from vllm_server import copy_model_out
 
 HOSTS = ("box-a", "box-b")
 
@@ -56,7 +59,7 @@ def project(host: str) -> str:
     return f"gpubox-ray-test-{host}"
 
 
-def write_play(work: Path, image: str, network: str, addresses: dict, **host_overrides) -> None:
+def write_play(work: Path, image: str, network: str, addresses: dict, play_vars: dict | None = None, **host_overrides) -> None:
     repo, tag = image.split(":")
     hosts = {
         host: {
@@ -82,6 +85,7 @@ def write_play(work: Path, image: str, network: str, addresses: dict, **host_ove
             "vllm_hf_cache_dir": str(work / "hf"),
             "vllm_cache_dir": str(work / "cache"),
             "vllm_wait_timeout": 180,
+            **(play_vars or {}),
         },
         "tasks": [{"ansible.builtin.include_role": {"name": "gpubox.inference.vllm", "tasks_from": "cluster.yml"}}],
     }
@@ -131,7 +135,15 @@ print(json.dumps(sorted(ray.get(pinned, timeout=120))))
 
 
 def ray_task_addresses() -> list[str]:
-    ran = docker("exec", container("box-a"), "python3", "-c", TASK_ON_EACH_NODE, check=False)
+    """The task run from a Ray driver in a container of its own, as the head's vLLM server runs: in the head
+    container's network and processes (Ray finds its node's raylet among them), with its Ray session folder (the
+    volume the Compose project shares)."""
+    head = container("box-a")
+    session = next(m["Name"] for m in json.loads(docker("inspect", head).stdout)[0]["Mounts"] if m["Destination"] == "/tmp/ray")
+    image = json.loads(docker("inspect", head).stdout)[0]["Config"]["Image"]
+    driver = ["run", "--rm", "--network", f"container:{head}", "--pid", f"container:{head}", "--ipc", "host"]
+    driver += ["-v", f"{session}:/tmp/ray"]
+    ran = docker(*driver, "--entrypoint", "python3", image, "-c", TASK_ON_EACH_NODE, check=False)
     assert ran.returncode == 0, ran.stderr[-3000:]
     return json.loads(ran.stdout.strip().splitlines()[-1])
 
@@ -161,6 +173,10 @@ def test_the_head_and_the_worker_run_what_the_plan_says(cluster):
         "--tensor-parallel-size", "1", "--pipeline-parallel-size", "2", "--distributed-executor-backend", "ray",
     ]  # fmt: skip
     assert recorded["reason_words"]["--pipeline-parallel-size"].startswith("2: one pipeline stage per box")
+    # vLLM's CPU platform does not run on Ray: no server beside the head, and the plan says why.
+    assert recorded["serve"] is False
+    assert "vLLM's CPU platform does not run on Ray" in recorded["reason_words"]["server"]
+    assert "vllm" not in yaml.safe_load((work / "box-a" / "compose.yaml").read_text())["services"]
 
 
 def test_the_recorded_arguments_are_ones_vllm_takes(cluster, image):
@@ -220,3 +236,61 @@ def test_one_host_is_not_a_cluster(tmp_path, image):
     result = run_play(tmp_path, "-e", '{"vllm_cluster_hosts": ["box-a"]}')
     assert result.returncode == 2
     assert "vllm_cluster_hosts: a cluster needs two boxes or more (box-a given)" in result.stdout
+
+
+def test_on_cuda_boxes_the_head_serves_the_model_with_a_command_vllms_parser_takes(tmp_path, image, monkeypatch):
+    """Two boxes of one RTX 3090 each (the stand-in NVML), in check mode: each box plans its own part, the head's
+    Compose project gets the server (a Ray driver beside the head node), the worker's does not; the server's command,
+    as rendered, is parsed by vLLM's own parser in the image."""
+    one_stand_in_gpu(tmp_path, monkeypatch)
+    copy_model_out(image, tmp_path)
+    addresses = {"box-a": "127.0.0.10", "box-b": "127.0.0.11"}
+    cuda = {
+        "vllm_device": "cuda",
+        "vllm_model": str(tmp_path / "tiny-chat"),
+        "vllm_served_model_name": "tiny",
+        "vllm_port": 18170,
+        "vllm_api_key": "not-in-the-compose-file",
+        "vllm_max_model_len": 512,
+        "vllm_project_dir": str(tmp_path / "project"),
+        "_vllm_state_dir": str(tmp_path / "state"),
+    }
+    write_play(tmp_path, image, "", addresses, cuda)
+    for host in HOSTS:
+        (tmp_path / host).mkdir()  # boxes with the cluster's folder (check mode renders nothing into a missing one)
+    result, doc = run_playbook_json("-i", str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml"), "--check", "--diff")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    rendered = {}
+    for play in doc["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"].endswith("Render the node's Compose project"):
+                rendered = {host: yaml.safe_load(r["diff"][0]["after"]) for host, r in task["hosts"].items()}
+    assert set(rendered) == set(HOSTS)
+    assert "vllm" not in rendered["box-b"]["services"]
+    # The vLLM workers Ray starts in each node have the box's own plan's environment, and the cluster's.
+    assert rendered["box-b"]["services"]["ray"]["environment"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert rendered["box-b"]["services"]["ray"]["environment"]["NCCL_SOCKET_IFNAME"]
+    server = rendered["box-a"]["services"]["vllm"]
+    assert (server["network_mode"], server["pid"]) == ("host", "service:ray")
+    assert server["depends_on"] == {"ray": {"condition": "service_healthy"}}
+    assert server["environment"]["RAY_ADDRESS"] == "127.0.0.10:6379"
+    assert server["environment"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert server["env_file"] == ["vllm.env"]
+    assert "not-in-the-compose-file" not in json.dumps(rendered)
+    # The server's Ray driver joins the head node through the session folder the node shares.
+    ray_session = [v for v in rendered["box-a"]["services"]["ray"]["volumes"] if v.endswith(":/tmp/ray")]
+    assert ray_session == [v for v in server["volumes"] if v.endswith(":/tmp/ray")] == ["ray-session:/tmp/ray"]
+    parse = (
+        "import json, sys\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "ns = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])\n"
+        "print(json.dumps([ns.model, ns.served_model_name, ns.host, ns.port, ns.tensor_parallel_size,\n"
+        "                  ns.pipeline_parallel_size, ns.distributed_executor_backend, ns.max_model_len]))\n"
+    )
+    assert server["entrypoint"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    ran = docker("run", "--rm", "--entrypoint", "python3", image, "-c", parse, *server["command"], check=False)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == [
+        "/models/tiny-chat", ["tiny"], "127.0.0.1", 18170, 1, 2, "ray", 512,
+    ]  # fmt: skip

@@ -188,3 +188,35 @@ def test_the_active_nodes_of_ray_status_are_counted():
     assert _cluster.active_nodes(pending) == 1
     assert _cluster.active_nodes("") is None
     assert _cluster.active_nodes("ConnectionError: could not find any running Ray instance") is None
+
+
+def test_the_head_serves_over_cuda_and_nothing_serves_on_the_cpu_backend():
+    planned = _cluster.plan([box("a"), box("b")], LLAMA_8B, SETTINGS)
+    assert planned["serve"] is True
+    assert explain(planned["reasons"]["server"]) == (
+        "a serves the model over the cluster (the server's Ray driver beside its head node)"
+    )
+    cpu = _cluster.plan([{**box("a"), "gpu": {}}, {**box("b"), "gpu": {}}], LLAMA_8B, {**SETTINGS, "device": "cpu"})
+    assert cpu["serve"] is False
+    assert "vLLM's CPU platform does not run on Ray" in explain(cpu["reasons"]["server"])
+
+
+# What _vllm.plan gives a box of two GPUs (its own parallelism: both GPUs, vLLM's multiprocess executor).
+BOX_ARGS = [
+    "--model", "/models/llama", "--served-model-name", "llama", "--host", "127.0.0.1", "--port", "8000",
+    "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9", "--max-model-len", "8192",
+    "--disable-custom-all-reduce",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp"], ["--pipeline-parallel-size=2"]],
+)
+def test_the_heads_server_keeps_the_boxs_own_arguments_with_the_clusters_parallelism(extra):
+    planned = _cluster.plan([box("a", gpus=4), box("b", gpus=4)], LLAMA_8B, SETTINGS)
+    assert _cluster.server_args(planned, BOX_ARGS + extra) == [
+        "--model", "/models/llama", "--served-model-name", "llama", "--host", "127.0.0.1", "--port", "8000",
+        "--gpu-memory-utilization", "0.9", "--max-model-len", "8192", "--disable-custom-all-reduce",
+        "--tensor-parallel-size", "4", "--pipeline-parallel-size", "2", "--distributed-executor-backend", "ray",
+    ]  # fmt: skip
