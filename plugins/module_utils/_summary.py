@@ -99,6 +99,13 @@ def _vllm_lines(vllm: dict) -> list[str]:
     reasons = vllm.get("reasons") or {}
     if (vllm.get("replicas") or 1) > 1:
         lines[0] += f", {vllm['replicas']} replicas on {', '.join(vllm.get('upstreams') or [])}"
+    cluster = vllm.get("cluster") or {}
+    if cluster:
+        lines.append(
+            f"Ray cluster: head {cluster.get('head')}, workers {', '.join(cluster.get('workers') or [])}; tensor parallel "
+            f"{cluster.get('tensor_parallel_size')} within each box, pipeline parallel {cluster.get('pipeline_parallel_size')} "
+            "across the boxes"
+        )
     if "layout" in reasons:
         lines.append(f"Layout: {reasons['layout']}")
     env = vllm.get("env") or {}

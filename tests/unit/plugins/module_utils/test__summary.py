@@ -141,6 +141,15 @@ def test_replicas_and_the_layout_choice_are_said():
     assert not any(line.startswith("Layout") for line in summary("box", {"vllm": VLLM}))
 
 
+def test_a_model_over_a_ray_cluster_says_its_head_workers_and_split():
+    cluster = {"head": "box-1", "workers": ["box-2", "box-3"], "tensor_parallel_size": 2, "pipeline_parallel_size": 3}
+    lines = summary("box-1", {"vllm": {**VLLM, "cluster": cluster}})
+    assert (
+        "Ray cluster: head box-1, workers box-2, box-3; tensor parallel 2 within each box, pipeline parallel 3 across the boxes"
+    ) in lines
+    assert not any(line.startswith("Ray cluster") for line in summary("box-1", {"vllm": VLLM}))
+
+
 def test_gpu_power_and_what_is_watched_are_said():
     power = {"gpus": [{"index": 0, "target_w": 298.0, "limit_w": 350.0, "persistence_target": True},
                       {"index": 1, "target_w": None, "limit_w": 350.0, "persistence_target": True}]}  # fmt: skip
