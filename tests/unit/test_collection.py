@@ -127,6 +127,7 @@ def test_site_yml_has_a_tag_per_phase_in_order():
         "gpubox",
         "vllm",
         "vllm",
+        "vllm",
         "proxy",
         "smoke",
         "gpubox,vllm",
