@@ -288,6 +288,12 @@ def test_on_cuda_boxes_the_head_serves_the_model_with_a_command_vllms_parser_tak
         "print(json.dumps([ns.model, ns.served_model_name, ns.host, ns.port, ns.tensor_parallel_size,\n"
         "                  ns.pipeline_parallel_size, ns.distributed_executor_backend, ns.max_model_len]))\n"
     )
+    # Docker Compose takes the head's project as rendered (a server sharing the node's network and processes).
+    (tmp_path / "check").mkdir()
+    (tmp_path / "check" / "compose.yaml").write_text(yaml.safe_dump(rendered["box-a"]))
+    (tmp_path / "check" / "vllm.env").write_text("")
+    checked = docker("compose", "--project-directory", str(tmp_path / "check"), "config", "--quiet", check=False)
+    assert checked.returncode == 0, checked.stderr
     assert server["entrypoint"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     ran = docker("run", "--rm", "--entrypoint", "python3", image, "-c", parse, *server["command"], check=False)
     assert ran.returncode == 0, ran.stderr[-3000:]
