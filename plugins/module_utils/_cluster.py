@@ -73,8 +73,9 @@ def plan(boxes: list[dict], model_config: dict | None, settings: dict) -> dict:
     each box's environment, or the refusals.
 
     ``settings``: ``tensor_parallel_size`` and ``pipeline_parallel_size`` (0: derived), ``interface`` ("" : each
-    box's default route's interface), ``device`` (``cuda``, or ``cpu``: no GPU to count or compare, one tensor-parallel
-    rank per box). The first box is the Ray head.
+    box's default route's interface), ``network_mode`` (the server's; a cluster needs ``host``), ``device``
+    (``cuda``, or ``cpu``: no GPU to count or compare, one tensor-parallel rank per box). The first box is the Ray
+    head.
     """
     device = settings.get("device") or "cuda"
     config = model_config or {}
@@ -85,6 +86,9 @@ def plan(boxes: list[dict], model_config: dict | None, settings: dict) -> dict:
     if len(boxes) < 2:
         refusals.append({"code": "cluster.one_box", "boxes": [box["name"] for box in boxes]})
     refusals += [{"code": "cluster.no_address", "box": box["name"]} for box in boxes if not box.get("address")]
+    if (settings.get("network_mode") or "host") != "host":
+        # Ray and NCCL open ports of their own choosing between the boxes; the server answers the head's front door.
+        refusals.append({"code": "cluster.network_mode", "mode": settings["network_mode"]})
     refusals += disagreements(boxes, device)
     gpus = 1 if device == "cpu" else min((AGREE["gpu_count"](box) for box in boxes), default=0)
     if boxes and not gpus:

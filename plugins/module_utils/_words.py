@@ -64,6 +64,10 @@ TEMPLATES = {
     "cluster.one_box": "a cluster needs two boxes or more ({boxes} given)",
     "cluster.disagree": "the boxes differ in {field}: {values}",
     "cluster.no_gpu": "no GPU on {boxes}",
+    "cluster.network_mode": (
+        "vllm_network_mode={mode}: a cluster's nodes and server use the host's network (Ray and NCCL open ports of "
+        "their own choosing between the boxes); set it to host"
+    ),
     "cluster.no_address": "no address known for {box} (set vllm_cluster_address, or give it a default route)",
     "cluster.tp_exceeds_box": "a tensor-parallel size of {size} needs more GPUs than a box has ({gpus})",
     "cluster.tp_heads": (

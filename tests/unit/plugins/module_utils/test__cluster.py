@@ -74,8 +74,12 @@ def test_boxes_that_disagree_are_refused_with_the_difference_named(other, field,
         ([box("a", gpus=0), box("b", gpus=0)], {}, "cluster.no_gpu", "no GPU on a, b"),
         ([box("a", interface=""), box("b")], {}, "cluster.no_interface",
          "no network interface known for a (set vllm_cluster_interface, or give it a default route)"),
+        ([box("a"), box("b")], {"network_mode": "bridge"}, "cluster.network_mode",
+         "vllm_network_mode=bridge: a cluster's nodes and server use the host's network (Ray and NCCL open ports of "
+         "their own choosing between the boxes); set it to host"),
     ],
-    ids=["one-box", "tp-larger-than-a-box", "tp-not-dividing-the-heads", "pp-not-one-per-box", "no-gpu", "no-interface"],
+    ids=["one-box", "tp-larger-than-a-box", "tp-not-dividing-the-heads", "pp-not-one-per-box", "no-gpu", "no-interface",
+         "bridge-network"],
 )  # fmt: skip
 def test_a_cluster_that_cannot_run_is_refused_naming_why(boxes, settings, code, words):
     planned = _cluster.plan(boxes, LLAMA_8B, {**SETTINGS, **settings})
