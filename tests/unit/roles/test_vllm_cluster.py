@@ -271,6 +271,7 @@ def test_on_cuda_boxes_the_head_serves_the_model_with_a_command_vllms_parser_tak
     assert rendered["box-b"]["services"]["ray"]["environment"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert rendered["box-b"]["services"]["ray"]["environment"]["NCCL_SOCKET_IFNAME"]
     server = rendered["box-a"]["services"]["vllm"]
+    assert server["entrypoint"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert (server["network_mode"], server["pid"]) == ("host", "service:ray")
     assert server["depends_on"] == {"ray": {"condition": "service_healthy"}}
     assert server["environment"]["RAY_ADDRESS"] == "127.0.0.10:6379"
@@ -294,7 +295,6 @@ def test_on_cuda_boxes_the_head_serves_the_model_with_a_command_vllms_parser_tak
     (tmp_path / "check" / "vllm.env").write_text("")
     checked = docker("compose", "--project-directory", str(tmp_path / "check"), "config", "--quiet", check=False)
     assert checked.returncode == 0, checked.stderr
-    assert server["entrypoint"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     ran = docker("run", "--rm", "--entrypoint", "python3", image, "-c", parse, *server["command"], check=False)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert json.loads(ran.stdout.strip().splitlines()[-1]) == [
