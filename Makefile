@@ -60,13 +60,17 @@ unit: setup
 
 # The boxes' Docker starts empty each run (their /var/lib/docker are named volumes); the
 # vLLM image comes in from the archive, as on a box without a registry.
+# Scenarios: site (the fleet, driven from this machine) and local (the README's quick start on the box itself,
+# which installs the run venv from the wheels of requirements.txt). SCENARIO=local runs one alone.
+SCENARIO ?= --all
 molecule: setup
-	docker volume rm --force gpubox-molecule-docker gpubox-molecule-docker-b >/dev/null 2>&1 || true
+	docker volume rm --force gpubox-molecule-docker gpubox-molecule-docker-b gpubox-molecule-docker-local >/dev/null 2>&1 || true
 	PATH="$(TEST_VENV)/bin:$$PATH" PY_COLORS=0 ANSIBLE_FORCE_COLOR=0 NO_COLOR=1 \
 	  GPUBOX_TEST_IMAGE="$$(scripts/test-image.sh)" \
 	  GPUBOX_VLLM_ARCHIVE="$$(scripts/vllm-test-image.sh --archive)" \
 	  GPUBOX_VLLM_TAG="$$(scripts/vllm-test-image.sh --name | cut -d: -f2)" \
-	  molecule test --all
+	  GPUBOX_RUN_WHEELS="$$(scripts/venv.sh wheels)" \
+	  molecule test $(if $(filter --all,$(SCENARIO)),--all,--scenario-name $(SCENARIO))
 
 ## Benchmarks print numbers (README: Benchmarks); they are not part of make test.
 bench: setup
