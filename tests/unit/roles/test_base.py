@@ -15,14 +15,15 @@ import pytest
 import yaml
 from conftest import ROOT, run_ansible
 
-FIRST_CHANGING_TASK = "Install the base packages"
+FIRST_CHANGING_TASK = "Install the Python libraries the modules need"
 
 
 def run_base(tmp_path, **extra_vars) -> subprocess.CompletedProcess:
     playbook = tmp_path / "play.yml"
     play = {"name": "base", "hosts": "localhost", "gather_facts": True, "roles": ["gpubox.inference.base"]}
     playbook.write_text(yaml.safe_dump([play]))
-    extra = json.dumps({"ansible_python_interpreter": sys.executable, **extra_vars})
+    # The Python libraries are installed in check mode too: none here, so that the test leaves this machine alone.
+    extra = json.dumps({"ansible_python_interpreter": sys.executable, "_base_python_packages": [], **extra_vars})
     return run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "--check", "-e", extra, str(playbook))
 
 
@@ -54,7 +55,8 @@ def test_good_input_passes_the_checks(tmp_path):
 
 # Every documented requirement of a module that the plays call (ansible-doc's `requirements`), and what puts it in
 # the box's Python (/usr/bin/python3: the example inventory's interpreter for the box itself, and a remote box's):
-#   ("package", NAME): the base role installs NAME on every OS it supports (roles/base/vars/<OS>.yml);
+#   ("package", NAME): the base role installs NAME on every OS it supports, in a dry run too
+#     (_base_python_packages in roles/base/vars/<OS>.yml);
 #   ("nvml", WHAT): nvidia_container_toolkit's nvml.yml, which the plays run first on a box with the NVIDIA driver,
 #     installs python3-pip with apt (it depends on python3-setuptools), then nvidia_container_toolkit_nvml_python;
 #   ("none", WHY): nothing to install on the box, and why.
@@ -134,7 +136,7 @@ def test_every_module_requirement_is_installed_on_the_box():
         "a module the plays call documents requirements that MODULE_REQUIREMENTS does not list (or no longer does)"
     )
     for os_vars in ("Debian.yml", "Ubuntu.yml"):
-        packages = yaml.safe_load((ROOT / "roles" / "base" / "vars" / os_vars).read_text())["_base_packages"]
+        packages = yaml.safe_load((ROOT / "roles" / "base" / "vars" / os_vars).read_text())["_base_python_packages"]
         wanted = {what for provided in MODULE_REQUIREMENTS.values() for kind, what in provided.values() if kind == "package"}
         assert wanted <= set(packages), f"roles/base/vars/{os_vars} lacks {sorted(wanted - set(packages))}"
     defaults = yaml.safe_load((ROOT / "roles" / "nvidia_container_toolkit" / "defaults" / "main.yml").read_text())
