@@ -31,7 +31,16 @@ $(COLLECTION_LINK):
 provision: setup
 	PATH="$(RUN_VENV)/bin:$$PATH" ansible-playbook site.yml -l "$(LIMIT)" $(ARGS)
 
-test: deps lint sanity unit molecule
+# Each phase timed (scripts/phases.sh); the table at the end, or where a phase fails.
+test: setup
+	@scripts/phases.sh reset
+	@scripts/phases.sh run deps $(MAKE) --no-print-directory deps
+	@scripts/phases.sh run lint $(MAKE) --no-print-directory lint
+	@scripts/phases.sh run sanity $(MAKE) --no-print-directory sanity
+	@scripts/phases.sh run unit $(MAKE) --no-print-directory unit
+	@scripts/phases.sh run molecule-site $(MAKE) --no-print-directory molecule SCENARIO=site
+	@scripts/phases.sh run molecule-local $(MAKE) --no-print-directory molecule SCENARIO=local
+	@scripts/phases.sh table
 	@echo "make test: all gates passed"
 
 ## Host tools, Docker engine + Compose v2, the Molecule, vLLM and Ray test images, the test venv.
@@ -55,8 +64,8 @@ sanity: setup
 # The files without a real vLLM server on two workers (a file each; each of their tests runs one process at a time),
 # then those with one, alone: their timings and CPU bindings need the machine to themselves.
 unit: setup
-	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile -m "not vllm" tests/unit
-	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -m vllm tests/unit
+	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile -m "not vllm" --durations=15 tests/unit
+	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -m vllm --durations=15 tests/unit
 
 # The boxes' Docker starts empty each run (their /var/lib/docker are named volumes); the
 # vLLM image comes in from the archive, as on a box without a registry.
