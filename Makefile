@@ -17,7 +17,7 @@ COLLECTION_LINK := .collections/ansible_collections/gpubox/inference
 RUN_VENV = $(shell scripts/venv.sh run)
 TEST_VENV = $(shell scripts/venv.sh test)
 
-.PHONY: help setup provision test deps lint sanity unit molecule bench bench-proxy build clean
+.PHONY: help setup provision test deps lint sanity unit integration molecule bench bench-proxy build clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -38,6 +38,7 @@ test: setup
 	@scripts/phases.sh run lint $(MAKE) --no-print-directory lint
 	@scripts/phases.sh run sanity $(MAKE) --no-print-directory sanity
 	@scripts/phases.sh run unit $(MAKE) --no-print-directory unit
+	@scripts/phases.sh run integration $(MAKE) --no-print-directory integration
 	@scripts/phases.sh run molecule-site $(MAKE) --no-print-directory molecule SCENARIO=site
 	@scripts/phases.sh run molecule-local $(MAKE) --no-print-directory molecule SCENARIO=local
 	@scripts/phases.sh table
@@ -61,11 +62,17 @@ lint: setup
 sanity: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" scripts/sanity.sh
 
-# The files without a real vLLM server on two workers (a file each; each of their tests runs one process at a time),
-# then those with one, alone: their timings and CPU bindings need the machine to themselves.
+# The pure tests (no Docker, Nginx, vLLM, Ray, systemd or network): a developer's loop, under 3 minutes, Docker or not.
 unit: setup
-	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile -m "not vllm" --durations=15 tests/unit
-	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -m vllm --durations=15 tests/unit
+	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile --durations=15 tests/unit
+
+# The tests that start real parts: the files without a real vLLM server on two workers (a file each; each of their
+# tests runs one process at a time), then those with one, alone: their timings and CPU bindings need the machine to
+# themselves. TESTS=path narrows it to one file or folder.
+TESTS ?= tests/integration
+integration: setup
+	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile -m "not vllm" --durations=15 $(TESTS)
+	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -m vllm --durations=15 $(TESTS)
 
 # The boxes' Docker starts empty each run (their /var/lib/docker are named volumes); the
 # vLLM image comes in from the archive, as on a box without a registry.

@@ -1,6 +1,6 @@
 """Benchmark gpu_p2p_facts' own cost: a full measurement of 2 and 8 GPUs (pairs and host links), and a cached run.
 
-Runs the module through `ansible` against the stand-in libcuda (tests/unit/fakes/libcuda.c),
+Runs the module through `ansible` against the stand-in libcuda (tests/fakes/libcuda.c),
 so the numbers are the harness (child processes, watchdog, ctypes, verification, Ansible)
 plus this machine's memcpy, not GPU bandwidth. Targets from issue 4: cached well under 1 s,
 2 GPUs under about 15 s, 8 GPUs under 2 minutes. Prints numbers; asserts nothing.
@@ -34,7 +34,7 @@ def run(args: dict, env: dict) -> tuple[float, dict]:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         library = Path(tmp) / "libcuda.so.1"
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", library, ROOT / "tests/unit/fakes/libcuda.c"], check=True)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", library, ROOT / "tests/fakes/libcuda.c"], check=True)
         env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1", "GPUBOX_LIBCUDA": str(library)}
         env["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.builtin.timer"
         cache = Path(tmp) / "p2p.fact"

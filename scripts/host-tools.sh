@@ -3,7 +3,7 @@
 # ShellCheck for ansible-test sanity, debootstrap for the Molecule test image, git, and
 # Nginx and OpenSSL for the proxy tests (a real Nginx runs the rendered site), pciutils
 # (lspci, setpci) for the ACS tests that compare against the real lspci, and a C
-# compiler for the stand-in libcuda (tests/unit/fakes/libcuda.c), and Docker's registry
+# compiler for the stand-in libcuda (tests/fakes/libcuda.c), and Docker's registry
 # (docker-registry, the CNCF distribution server) on loopback for the image pull tests, and
 # Prometheus's promtool, which checks the monitoring role's rules and runs their tests.
 # Installs only what is missing.

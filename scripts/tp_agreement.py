@@ -72,7 +72,7 @@ def main() -> None:
         rng, words = random.Random(0), model_words()
         kinds: dict[str, list[str]] = {"own text": [], "shuffled": []}
         for _index in range(count):
-            start, length = rng.randrange(len(words)), rng.randrange(12, 25)  # 12+ words: see tests/unit/vllm_server.py
+            start, length = rng.randrange(len(words)), rng.randrange(12, 25)  # 12+ words: see tests/vllm_server.py
             kinds["own text"].append(" ".join((words * 2)[start : start + length]))
             kinds["shuffled"].append(" ".join(rng.choice(words) for _word in range(length)))
         print(f"image {image}; TP=1 (one worker) against TP=2 (two workers, one CPU each); greedy, 32 tokens")

@@ -7,7 +7,7 @@ Ansible imports. ``measure`` runs every pair, and each GPU's copies to and from
 pinned host memory (its PCIe link, measured), in a child process under a
 watchdog, so a copy that never returns (the classic broken-ACS hang) costs one
 ``timeout`` and is reported as ``hang`` instead of hanging the play. Tests load
-a stand-in libcuda built from tests/unit/fakes/libcuda.c; the code is the same.
+a stand-in libcuda built from tests/fakes/libcuda.c; the code is the same.
 """
 
 from __future__ import annotations

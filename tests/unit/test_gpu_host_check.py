@@ -34,7 +34,7 @@ def test_the_check_runs_every_module_and_keeps_what_they_read(tmp_path: Path, fa
     env = {
         **ANSIBLE_ENV,
         "PATH": f"{bindir}:{ANSIBLE_ENV['PATH']}",
-        "PYTHONPATH": str(ROOT / "tests" / "unit" / "fakes"),
+        "PYTHONPATH": str(ROOT / "tests" / "fakes"),
         "GPUBOX_FAKE_NVML": str(nvml_machine(tmp_path / "machine.json", machine)),
         "GPUBOX_LIBCUDA": str(fake_libcuda),
         "FAKE_CUDA_DEVICES": "1",

@@ -16,7 +16,7 @@ from conftest import COLLECTIONS, ROOT
 from hardware import RTX3090_PAIR, nvml_machine
 
 PROGRAM = ROOT / "roles" / "gpubox" / "files" / "gpubox-gpu-power.py"
-FAKES = ROOT / "tests" / "unit" / "fakes"
+FAKES = ROOT / "tests" / "fakes"
 
 
 def boot(tmp_path, machine: dict, limit, persistence=True) -> tuple[subprocess.CompletedProcess, dict]:

@@ -17,7 +17,7 @@ from conftest import COLLECTIONS, ROOT
 from hardware import ACS_CMPLT_REDIR, ACS_REQ_REDIR, ACS_SRC_VALID, RTX3090_PAIR, nvml_machine, set_acs, stand_in_box
 
 PROGRAM = ROOT / "roles" / "gpubox" / "files" / "gpubox-drift.py"
-FAKES = ROOT / "tests" / "unit" / "fakes"
+FAKES = ROOT / "tests" / "fakes"
 
 
 def box(tmp_path):

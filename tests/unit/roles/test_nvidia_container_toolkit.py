@@ -67,7 +67,7 @@ def changed(out: str) -> int:
 
 
 def test_the_cdi_spec_is_made_once_per_gpu_set_and_again_after_a_swap(tmp_path, monkeypatch):
-    fakes = ROOT / "tests" / "unit" / "fakes"
+    fakes = ROOT / "tests" / "fakes"
     bindir = tmp_path / "bin"
     bindir.mkdir()
     for name, script in (("nvidia-ctk", NVIDIA_CTK), ("docker", DOCKER)):

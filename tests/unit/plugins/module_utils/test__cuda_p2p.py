@@ -1,4 +1,4 @@
-"""_cuda_p2p against a stand-in libcuda (tests/unit/fakes/libcuda.c) that can drop, corrupt, slow down or hang copies.
+"""_cuda_p2p against a stand-in libcuda (tests/fakes/libcuda.c) that can drop, corrupt, slow down or hang copies.
 
 The measurement code is the one that runs on a GPU host; only the library it loads differs.
 """

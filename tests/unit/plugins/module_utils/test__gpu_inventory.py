@@ -15,7 +15,7 @@ from ansible_collections.gpubox.inference.plugins.module_utils._gpu_inventory im
 @pytest.fixture
 def nvml(tmp_path, monkeypatch):
     """The stand-in pynvml, loaded under its own name so an installed nvidia-ml-py is left alone."""
-    spec = importlib.util.spec_from_file_location("fake_pynvml", ROOT / "tests" / "unit" / "fakes" / "pynvml.py")
+    spec = importlib.util.spec_from_file_location("fake_pynvml", ROOT / "tests" / "fakes" / "pynvml.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import ANSIBLE_ENV, ROOT, run_module
 from hardware import RTX3090_PAIR, nvml_machine
 
-FAKES = ROOT / "tests" / "unit" / "fakes"
+FAKES = ROOT / "tests" / "fakes"
 
 
 @pytest.fixture

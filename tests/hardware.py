@@ -174,7 +174,7 @@ RTX3090_PAIR = {
 
 
 def stand_in_pynvml():
-    """The stand-in ``pynvml`` (tests/unit/fakes/pynvml.py) as a module; it serves the file GPUBOX_FAKE_NVML names."""
+    """The stand-in ``pynvml`` (tests/fakes/pynvml.py) as a module; it serves the file GPUBOX_FAKE_NVML names."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("stand_in_pynvml", Path(__file__).parent / "fakes" / "pynvml.py")
@@ -184,7 +184,7 @@ def stand_in_pynvml():
 
 
 def nvml_machine(path: Path, machine: dict) -> Path:
-    """Write a machine for tests/unit/fakes/pynvml.py; point GPUBOX_FAKE_NVML at the returned path."""
+    """Write a machine for tests/fakes/pynvml.py; point GPUBOX_FAKE_NVML at the returned path."""
     import json
 
     path.write_text(json.dumps(machine))
@@ -195,7 +195,7 @@ def one_stand_in_gpu(tmp_path: Path, monkeypatch, **machine) -> None:
     """NVML (the stand-in pynvml) and nvidia-smi see one RTX 3090 of the captured pair, for the plays this test runs."""
     from conftest import ANSIBLE_ENV, ROOT
 
-    fakes = ROOT / "tests" / "unit" / "fakes"
+    fakes = ROOT / "tests" / "fakes"
     monkeypatch.setitem(ANSIBLE_ENV, "PYTHONPATH", os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")]))
     one_gpu = {**RTX3090_PAIR, "gpus": RTX3090_PAIR["gpus"][:1], "p2p": {}, "topology": {}, **machine}
     monkeypatch.setitem(ANSIBLE_ENV, "GPUBOX_FAKE_NVML", str(nvml_machine(tmp_path / "machine.json", one_gpu)))
@@ -214,7 +214,7 @@ FAKE_LIBCUDA_SOURCE = Path(__file__).parent / "fakes" / "libcuda.c"
 
 
 def build_fake_libcuda(folder: Path) -> Path:
-    """Compile tests/unit/fakes/libcuda.c into ``folder/libcuda.so.1`` with gcc."""
+    """Compile tests/fakes/libcuda.c into ``folder/libcuda.so.1`` with gcc."""
     import subprocess
 
     from conftest import require

@@ -17,7 +17,7 @@ from conftest import ROOT, run_ansible
 from hardware import RTX3090_PAIR, nvml_machine
 from vllm_server import KEY
 
-FAKES = ROOT / "tests" / "unit" / "fakes"
+FAKES = ROOT / "tests" / "fakes"
 
 
 def test_the_sweep_sets_each_limit_measures_tokens_per_joule_and_sets_the_default_back(vllm_server, tmp_path):
@@ -33,7 +33,7 @@ def test_the_sweep_sets_each_limit_measures_tokens_per_joule_and_sets_the_defaul
     }
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {"gpu_boxes": {"hosts": {"localhost": host}}}}}))
-    # The shared server's deployment record (tests/unit/vllm_server.py); the role's own vars give way only to -e.
+    # The shared server's deployment record (tests/vllm_server.py); the role's own vars give way only to -e.
     extra = {"_vllm_state_dir": str(vllm_server["workdir"] / "state"), "power_sweep_steps": 3}
     result = run_ansible("ansible-playbook", "-i", str(inventory), "-e", json.dumps(extra), str(ROOT / "playbooks" / "power.yml"))
     assert result.returncode == 0, result.stdout[-6000:]

@@ -1,6 +1,6 @@
 """A model from a Hub, end to end: resolved, checked, fetched with progress and served offline by the real vLLM.
 
-No Hub is reachable here, so tests/unit/hub_server.py answers the Hub's API on loopback with
+No Hub is reachable here, so tests/hub_server.py answers the Hub's API on loopback with
 the tiny test model; the download is the real huggingface_hub client in the vLLM image, the
 server the real vLLM, the client the official openai one.
 

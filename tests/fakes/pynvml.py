@@ -1,7 +1,7 @@
 """A stand-in for nvidia-ml-py's ``pynvml``, for hosts without a GPU.
 
 It serves a machine described in the JSON file named by ``GPUBOX_FAKE_NVML``
-(see tests/unit/hardware.py: ``nvml_machine``), so gpu_facts and the power
+(see tests/hardware.py: ``nvml_machine``), so gpu_facts and the power
 module and program run unchanged through Ansible. Only the calls they make are
 here. What is set (persistence mode, power limits) is written back to that file,
 and each call to a setter is appended to its ``set`` list, so a test reads what

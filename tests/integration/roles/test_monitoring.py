@@ -309,7 +309,7 @@ def run_gpu_metrics(tmp_path, machine: dict, journalctl: str) -> tuple[subproces
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "journalctl").write_text(journalctl)
     (bin_dir / "journalctl").chmod(0o755)
-    env = {**os.environ, "GPUBOX_LIB": str(COLLECTIONS), "PYTHONPATH": str(ROOT / "tests" / "unit" / "fakes"),
+    env = {**os.environ, "GPUBOX_LIB": str(COLLECTIONS), "PYTHONPATH": str(ROOT / "tests" / "fakes"),
            "GPUBOX_FAKE_NVML": str(nvml_machine(tmp_path / "machine.json", machine)),
            "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])}  # fmt: skip
     textfile = tmp_path / "metrics" / "gpu.prom"

@@ -1,5 +1,5 @@
 """The metric names a PromQL expression reads, for the tests that check the alert rules and the dashboard against the
-metrics that really exist (tests/unit/roles/test_monitoring.py, and molecule/site/tests against the real Prometheus)."""
+metrics that really exist (tests/integration/roles/test_monitoring.py, and molecule/site/tests against the real Prometheus)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ EPYC_ACS = FIXTURES / "C_lspci" / "amd_epyc_gpp_bridge_40_01_1_acs_enabled_elide
 @pytest.fixture
 def box(tmp_path, fake_libcuda, monkeypatch) -> Path:
     """An inventory for this machine as the stand-in box; returns its path."""
-    fakes = ROOT / "tests" / "unit" / "fakes"
+    fakes = ROOT / "tests" / "fakes"
     monkeypatch.setitem(ANSIBLE_ENV, "PYTHONPATH", os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setitem(ANSIBLE_ENV, "GPUBOX_FAKE_NVML", str(nvml_machine(tmp_path / "machine.json", RTX3090_PAIR)))
     monkeypatch.setitem(ANSIBLE_ENV, "GPUBOX_LIBCUDA", str(fake_libcuda))

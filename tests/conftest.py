@@ -1,4 +1,7 @@
-"""Shared test setup: the collection on sys.path, and the captured command outputs.
+"""Shared test setup for tests/unit (pure: no Docker, Nginx, vLLM, Ray, systemd or network) and tests/integration
+(the tests that start real parts): the collection on sys.path, and the captured command outputs. The helpers beside
+this file (hardware.py, the stand-ins in fakes/, and the real servers of vllm_server.py, nginx_server.py and
+hub_server.py) serve both.
 
 Captured outputs live in tests/fixtures/<folder>/<name>.txt, copied unchanged
 from the project's shared fixtures. Each starts with a header (``# source:``,
@@ -18,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+UNIT = ROOT / "tests" / "unit"
 COLLECTIONS = ROOT / ".collections"
 
 if not (COLLECTIONS / "ansible_collections" / "gpubox" / "inference").exists():
@@ -137,9 +141,10 @@ def capture_params(folder: str) -> list:
 def pytest_sessionstart(session) -> None:
     """Compose projects the tests name gpubox-test-*, left running by a run that was killed (their restart policy
     brings them back with the Docker engine), are taken down first: one would answer on a port a test expects free.
-    Once, by the pytest-xdist controller before its workers start (a worker would take down the other's servers)."""
+    Once, by the pytest-xdist controller before its workers start (a worker would take down the other's servers), and
+    never by a run that only lists the tests (``--collect-only`` beside a running test session took down its servers)."""
     docker = shutil.which("docker")
-    if not docker or hasattr(session.config, "workerinput"):
+    if not docker or hasattr(session.config, "workerinput") or session.config.option.collectonly:
         return
     listed = subprocess.run(
         [docker, "ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}'],
@@ -151,10 +156,14 @@ def pytest_sessionstart(session) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Every test of a file that deploys the real vLLM server is marked ``vllm``: `make unit` runs those files one
-    test at a time, with nothing beside them (their timings and CPU bindings need this 2-CPU machine to themselves), and
-    the other files on two workers at once."""
+    """Every test of a file that deploys the real vLLM server is marked ``vllm``: `make integration` runs those files
+    one test at a time, with nothing beside them (their timings and CPU bindings need this 2-CPU machine to
+    themselves), and the other files on two workers at once. A test under tests/unit that asks for a real server is
+    refused: tests/unit is what runs without Docker, Nginx or vLLM."""
     files = {item.path for item in items if "vllm_server" in item.fixturenames}
+    misplaced = sorted({str(path.relative_to(ROOT)) for path in files if UNIT in path.parents})
+    if misplaced:
+        raise pytest.UsageError(f"{', '.join(misplaced)}: a test that deploys the real vLLM server belongs in tests/integration")
     for item in items:
         if item.path in files:
             item.add_marker(pytest.mark.vllm)
