@@ -36,7 +36,7 @@ def gate(vllm_server, tmp_path_factory):
         yield {"work": work, "image": vllm_server["image"], "first": first}
 
 
-def test_tensor_parallel_answers_agree_with_one_worker(gate):
+def test_tensor_parallel_answers_agree_with_one_worker_and_a_rerun_reuses_the_reference(gate):
     first = gate["first"]
     assert first.returncode == 0, first.stdout[-5000:]
     assert REFERENCE in first.stdout
@@ -51,9 +51,7 @@ def test_tensor_parallel_answers_agree_with_one_worker(gate):
     # The tiny model continues its own text: the reference is what a sound server answers.
     assert entry["reference"]["answers"][0]["text"].startswith(" tensors over links and nginx streams tokens")
     assert entry["results"]["as_planned"]["agreement"]["agreeing"] == 8
-
-
-def test_a_rerun_reuses_the_reference_and_changes_nothing(gate):
+    # The same deployment run again: the stored verdict and reference are reused, and nothing changes.
     again = run_role(gate["work"], gate_vars(gate["work"], gate["image"]))
     assert again.returncode == 0, again.stdout[-5000:]
     assert REFERENCE not in again.stdout
@@ -69,7 +67,7 @@ def test_a_new_image_tag_records_the_reference_again(gate):
         assert REFERENCE in result.stdout
         assert sorted(key.rsplit(":", 1)[1] for key in store(gate["work"])) == sorted([gate["image"].split(":")[1], "gate-retag"])
     finally:
-        run_role(gate["work"], gate_vars(gate["work"], gate["image"]))
+        # The server keeps running the new tag's image (the tag is only removed); the next test deploys its own.
         docker("rmi", f"{repo}:gate-retag")
 
 
