@@ -66,13 +66,11 @@ sanity: setup
 unit: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile --durations=15 tests/unit
 
-# The tests that start real parts: the files without a real vLLM server on two workers (a file each; each of their
-# tests runs one process at a time), then those with one, alone: their timings and CPU bindings need the machine to
-# themselves. TESTS=path narrows it to one file or folder.
+# The tests that start real parts, a file per worker on two workers, in the order tests/conftest.py collects them (the
+# files that deploy vLLM servers of their own first). TESTS=path narrows it to one file or folder.
 TESTS ?= tests/integration
 integration: setup
-	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile -m "not vllm" --durations=15 $(TESTS)
-	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -m vllm --durations=15 $(TESTS)
+	PATH="$(TEST_VENV)/bin:$$PATH" python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 $(TESTS)
 
 # The boxes' Docker starts empty each run (their /var/lib/docker are named volumes); the
 # vLLM image comes in from the archive, as on a box without a registry.

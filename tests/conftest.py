@@ -156,17 +156,22 @@ def pytest_sessionstart(session) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Every test of a file that deploys the real vLLM server is marked ``vllm``: `make integration` runs those files
-    one test at a time, with nothing beside them (their timings and CPU bindings need this 2-CPU machine to
-    themselves), and the other files on two workers at once. A test under tests/unit that asks for a real server is
-    refused: tests/unit is what runs without Docker, Nginx or vLLM."""
-    files = {item.path for item in items if "vllm_server" in item.fixturenames}
+    """Every test of a file that deploys the real vLLM server is marked ``vllm`` (``-m "not vllm"`` leaves them out). A
+    test under tests/unit that asks for a real server is refused: tests/unit is what runs without Docker, Nginx or vLLM.
+
+    `make integration` runs a file per worker on two workers, in the order collected here: the files that deploy vLLM
+    servers of their own (``vllm_image``; minutes each) first, so that the two workers end close together; each worker
+    shares its own ``vllm_server`` between its other files."""
+    servers = {"vllm_server", "vllm_image"}
+    files = {item.path for item in items if servers & set(item.fixturenames)}
     misplaced = sorted({str(path.relative_to(ROOT)) for path in files if UNIT in path.parents})
     if misplaced:
         raise pytest.UsageError(f"{', '.join(misplaced)}: a test that deploys the real vLLM server belongs in tests/integration")
+    own = files - {item.path for item in items if "vllm_server" in item.fixturenames}
     for item in items:
         if item.path in files:
             item.add_marker(pytest.mark.vllm)
+    items.sort(key=lambda item: item.path not in own)
 
 
 @pytest.fixture(scope="session")
@@ -235,16 +240,24 @@ def fake_libcuda(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory):
-    """Deploy the real vLLM once per test run with the vllm role; torn down at the end."""
-    from vllm_server import PROJECT, copy_model_out, image_name, role_vars, run_role
+def vllm_image() -> str:
+    """The vLLM CPU test image (scripts/vllm-test-image.sh), for the tests that deploy servers of their own."""
+    from vllm_server import image_name
 
     image = image_name()
     if subprocess.run([require("docker"), "image", "inspect", image], capture_output=True, check=False).returncode:
         pytest.fail(f"image {image} is missing: run `make deps` (scripts/vllm-test-image.sh) first")
+    return image
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_image, tmp_path_factory):
+    """The real vLLM deployed once per test worker with the vllm role, on that worker's port; torn down at the end."""
+    from vllm_server import PROJECT, copy_model_out, role_vars, run_role
+
     work = tmp_path_factory.mktemp("vllm")
-    copy_model_out(image, work)
-    result = run_role(work, role_vars(work, image))
+    copy_model_out(vllm_image, work)
+    result = run_role(work, role_vars(work, vllm_image))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    yield {"image": image, "workdir": work, "result": result}
+    yield {"image": vllm_image, "workdir": work, "result": result}
     subprocess.run(["docker", "compose", "--project-name", PROJECT, "down", "--timeout", "5"], capture_output=True, check=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,9 +13,12 @@ from pathlib import Path
 import yaml
 from conftest import ROOT, require, run_ansible
 
-PORT = 18123
+# Each pytest-xdist worker (gw0, gw1) deploys its own shared server, on its own port and Compose project; the ports a
+# file derives from PORT (PORT + 1 .. PORT + 6) stay below the next worker's.
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+PORT = 18123 + 1000 * WORKER
 KEY = "test-secret-key-5f2c"
-PROJECT = "gpubox-test-vllm"
+PROJECT = f"gpubox-test-vllm-gw{WORKER}"
 # The correctness gate's prompts for the tiny model: runs of its own text (tests/vllm-image/make_tiny_model.py),
 # which it continues; 12 words each, since this VM's CPU crashes vLLM's bf16 kernels on prompts of a few tokens.
 GATE_PROMPTS = [

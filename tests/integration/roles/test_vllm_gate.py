@@ -29,11 +29,11 @@ def store(work: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def gate(vllm_server, tmp_path_factory):
+def gate(vllm_image, tmp_path_factory):
     """TP=2 deployed once through the gate; torn down at the end."""
     work = tmp_path_factory.mktemp("gate")
-    with deployed(vllm_server["image"], work, gate_vars(work, vllm_server["image"])) as first:
-        yield {"work": work, "image": vllm_server["image"], "first": first}
+    with deployed(vllm_image, work, gate_vars(work, vllm_image)) as first:
+        yield {"work": work, "image": vllm_image, "first": first}
 
 
 def test_tensor_parallel_answers_agree_with_one_worker_and_a_rerun_reuses_the_reference(gate):

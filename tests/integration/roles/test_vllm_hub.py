@@ -35,10 +35,10 @@ WEIGHTS = 24 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def hub(vllm_server, tmp_path_factory):
+def hub(vllm_image, tmp_path_factory):
     """The Hub on loopback: the tiny model open and gated, a repository of 24 MiB of weights, one with two commits."""
     folder = tmp_path_factory.mktemp("hub-models")
-    copy_model_out(vllm_server["image"], folder)
+    copy_model_out(vllm_image, folder)
     tiny = folder / "tiny-chat"
     server = Hub()
     server.add("gpubox/tiny-chat", tiny)
@@ -112,10 +112,10 @@ def fetch_vars(image: str, model: str, cache: Path, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def served(vllm_server, hub, tmp_path_factory):
+def served(vllm_image, hub, tmp_path_factory):
     """The gated model deployed by the role with its token, under -vvv and --diff (the output the token must stay out of)."""
     work = tmp_path_factory.mktemp("vllm-hub")
-    result = role(work, hub_vars(work, vllm_server["image"]), "-vvv", "--diff")
+    result = role(work, hub_vars(work, vllm_image), "-vvv", "--diff")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     yield {"work": work, "result": result}
     subprocess.run(
@@ -173,9 +173,9 @@ def test_the_token_is_only_in_its_0600_file(served):
     assert TOKEN not in docker("inspect", f"{PROJECT}-vllm-1")
 
 
-def test_a_second_run_downloads_nothing_and_changes_nothing(served, hub, vllm_server):
+def test_a_second_run_downloads_nothing_and_changes_nothing(served, hub, vllm_image):
     before = hub.gets(GATED, "model.safetensors")
-    again = role(served["work"], hub_vars(served["work"], vllm_server["image"]))
+    again = role(served["work"], hub_vars(served["work"], vllm_image))
     assert again.returncode == 0, again.stdout[-3000:]
     assert "changed=0" in again.stdout, again.stdout[-3000:]
     assert "downloading" not in again.stdout + again.stderr
@@ -203,12 +203,12 @@ def test_a_second_run_downloads_nothing_and_changes_nothing(served, hub, vllm_se
     ids=["gated-no-token", "gated-wrong-token", "typo", "unreachable"],
 )
 def test_a_model_that_cannot_be_fetched_stops_the_plan_before_anything_changes(
-    hub, vllm_server, tmp_path, model, token, endpoint, words
+    hub, vllm_image, tmp_path, model, token, endpoint, words
 ):
     extra = {"vllm_model": model, "vllm_hf_token": token, "vllm_project_dir": str(tmp_path / "project")}
     if endpoint:
         extra["vllm_hf_endpoint"] = endpoint
-    result = role(tmp_path, hub_vars(tmp_path, vllm_server["image"], **extra))
+    result = role(tmp_path, hub_vars(tmp_path, vllm_image, **extra))
     out = result.stdout + result.stderr
     assert result.returncode == 2, out[-3000:]
     assert words.format(hub=HUB_PORT) in out
@@ -216,12 +216,12 @@ def test_a_model_that_cannot_be_fetched_stops_the_plan_before_anything_changes(
     assert not (tmp_path / "hf").exists()
 
 
-def test_a_model_the_disk_cannot_hold_is_refused_with_both_numbers(hub, vllm_server, tmp_path):
+def test_a_model_the_disk_cannot_hold_is_refused_with_both_numbers(hub, vllm_image, tmp_path):
     cache = tmp_path / "small"
     cache.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(cache)], check=True)
     try:
-        variables = hub_vars(tmp_path, vllm_server["image"], vllm_model="gpubox/tiny-chat", vllm_hf_cache_dir=str(cache),
+        variables = hub_vars(tmp_path, vllm_image, vllm_model="gpubox/tiny-chat", vllm_hf_cache_dir=str(cache),
                              vllm_project_dir=str(tmp_path / "project"))  # fmt: skip
         result = role(tmp_path, variables)
         out = result.stdout + result.stderr
@@ -236,10 +236,10 @@ def test_a_model_the_disk_cannot_hold_is_refused_with_both_numbers(hub, vllm_ser
         subprocess.run(["umount", str(cache)], check=False)
 
 
-def test_a_long_download_shows_progress_lines(hub, vllm_server, tmp_path):
+def test_a_long_download_shows_progress_lines(hub, vllm_image, tmp_path):
     hub.rate = 6 * 1024 * 1024
     try:
-        result = fetch(tmp_path, vllm_server["image"], BIG, tmp_path / "hf")
+        result = fetch(tmp_path, vllm_image, BIG, tmp_path / "hf")
     finally:
         hub.rate = 0
     assert result.returncode == 0, result.stdout[-3000:]
@@ -253,12 +253,12 @@ def test_a_long_download_shows_progress_lines(hub, vllm_server, tmp_path):
     assert all(" at " in line and " left, " in line for line in lines)
 
 
-def test_an_interrupted_download_resumes_with_what_it_had_not_finished(hub, vllm_server, tmp_path):
+def test_an_interrupted_download_resumes_with_what_it_had_not_finished(hub, vllm_image, tmp_path):
     cache = tmp_path / "hf"
     blobs = cache / "hub" / "models--gpubox--big-weights" / "blobs"
     sent = hub.gets(BIG, "config.json"), hub.gets(BIG, "model.safetensors")
     hub.rate = 2 * 1024 * 1024
-    variables = fetch_vars(vllm_server["image"], BIG, cache)
+    variables = fetch_vars(vllm_image, BIG, cache)
     (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": FETCH_TASKS}]))
     (tmp_path / "vars.json").write_text(json.dumps(variables))
     argv = ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{tmp_path / 'vars.json'}", str(tmp_path / "play.yml")]
@@ -277,21 +277,21 @@ def test_an_interrupted_download_resumes_with_what_it_had_not_finished(hub, vllm
         hub.rate = 0
     # Once read into memory by hf_model_info (the plan needs it before the download), once downloaded.
     assert hub.gets(BIG, "config.json") == sent[0] + 2
-    again = fetch(tmp_path, vllm_server["image"], BIG, cache)
+    again = fetch(tmp_path, vllm_image, BIG, cache)
     assert again.returncode == 0, again.stdout[-3000:]
     assert "changed=1" in again.stdout
     assert hub.gets(BIG, "config.json") == sent[0] + 2, "a file the first run finished was downloaded again"
     assert hub.gets(BIG, "model.safetensors") == sent[1] + 2
     assert list(blobs.glob("*.incomplete")) == [], "the killed download's partial file is left behind"
-    check = fetch(tmp_path, vllm_server["image"], BIG, cache)
+    check = fetch(tmp_path, vllm_image, BIG, cache)
     assert "changed=0" in check.stdout, check.stdout[-2000:]
 
 
-def test_a_new_revision_downloads_only_the_files_that_differ(hub, vllm_server, tmp_path):
+def test_a_new_revision_downloads_only_the_files_that_differ(hub, vllm_image, tmp_path):
     model = "gpubox/two-commits"
-    first = fetch(tmp_path, vllm_server["image"], model, tmp_path / "hf", revision="v1")
+    first = fetch(tmp_path, vllm_image, model, tmp_path / "hf", revision="v1")
     assert first.returncode == 0, first.stdout[-3000:]
-    second = fetch(tmp_path, vllm_server["image"], model, tmp_path / "hf")
+    second = fetch(tmp_path, vllm_image, model, tmp_path / "hf")
     assert second.returncode == 0, second.stdout[-3000:]
     assert "changed=1" in second.stdout
     assert hub.gets(model, "generation_config.json") == 2

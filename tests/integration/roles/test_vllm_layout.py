@@ -54,11 +54,11 @@ def models(port: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def measured(vllm_server, tmp_path_factory):
+def measured(vllm_image, tmp_path_factory):
     """Both layouts measured once by the role; torn down at the end."""
     work = tmp_path_factory.mktemp("layout")
-    with deployed(vllm_server["image"], work, layout_vars(work, vllm_server["image"])) as first:
-        yield {"work": work, "image": vllm_server["image"], "first": first}
+    with deployed(vllm_image, work, layout_vars(work, vllm_image)) as first:
+        yield {"work": work, "image": vllm_image, "first": first}
 
 
 def test_auto_measures_both_layouts_and_keeps_the_faster_within_the_bound(measured):

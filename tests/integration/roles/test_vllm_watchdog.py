@@ -41,17 +41,17 @@ def engine(signal: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(vllm_server, tmp_path_factory):
+def server(vllm_image, tmp_path_factory):
     work = tmp_path_factory.mktemp("watchdog")
     variables = role_vars(
         work,
-        vllm_server["image"],
+        vllm_image,
         vllm_project_name=PROJECT,
         vllm_port=PORT,
         vllm_gate=False,
         vllm_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
     )
-    with deployed(vllm_server["image"], work, variables) as result:
+    with deployed(vllm_image, work, variables) as result:
         assert result.returncode == 0, result.stdout[-4000:]
         config = {
             "project_dir": str(work / "project"),
