@@ -13,6 +13,9 @@ from nginx_server import asyncio_server
 
 EVENTS = 12
 PROBE_REQUESTS = 4  # the role's smoke_test_requests
+# How long a held response waits before all its events go at once: a stream is judged bunched when its events spread
+# over under a tenth of the request, so only a stall of the client of a tenth of this could make a held one look spread.
+HOLD = 1.0
 
 
 def sse_server(buffered_requests: int):
@@ -29,7 +32,7 @@ def sse_server(buffered_requests: int):
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         await writer.drain()
         if held:
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(HOLD)
         for index in range(EVENTS):
             chunk = {"choices": [{"index": 0, "delta": {"content": f" w{index}"}, "finish_reason": None}]}
             event = f"data: {json.dumps(chunk)}\n\n".encode()

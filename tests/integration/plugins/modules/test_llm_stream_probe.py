@@ -11,6 +11,8 @@ from nginx_server import CLIENT_KEY, asyncio_server, nginx
 from vllm_server import KEY as VLLM_KEY
 from vllm_server import PORT as VLLM_PORT
 
+# How long the buffering proxy holds each whole response before it sends it.
+STALL = 1.0
 PROBE = {"model": "tiny", "concurrency": 4, "requests": 8, "prompt_tokens": 50, "max_tokens": 64}
 
 
@@ -60,7 +62,11 @@ def test_a_buffering_proxy_is_detected(vllm_server):
         head = head.replace(b"Bearer " + CLIENT_KEY.encode(), b"Bearer " + VLLM_KEY.encode())
         up_writer.write(head[:-2] + b"Connection: close\r\n\r\n" + body)
         await up_writer.drain()
-        writer.write(await up_reader.read())  # everything, once the upstream is done
+        whole = await up_reader.read()  # everything, once the upstream is done
+        # A controlled stall, as a proxy that waits for its buffer to fill: the request lasts at least this long,
+        # while its events still arrive together, so a busy machine's scheduling cannot make them look spread out.
+        await asyncio.sleep(STALL)
+        writer.write(whole)
         await writer.drain()
         writer.close()
         up_writer.close()
@@ -69,8 +75,10 @@ def test_a_buffering_proxy_is_detected(vllm_server):
         summary = probe(f"http://127.0.0.1:{port}/v1", CLIENT_KEY)["probe"]
     assert summary["succeeded"] == 8
     assert summary["buffering"]["verdict"] == "buffered"
-    # A majority, as the verdict counts: on a loaded machine the client may read one whole response in pieces.
+    # Each stream's events came in one write after the stall: only a read that the client took longer than a tenth of
+    # the request over (BUFFERED_SPREAD_SHARE) would look spread out; the verdict counts a majority.
     assert summary["buffering"]["buffered_streams"] > 4
+    assert summary["ttft_ms"]["p50"] >= STALL * 1000
 
 
 def test_wrong_key_is_counted_as_errors(vllm_server):
