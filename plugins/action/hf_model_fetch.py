@@ -98,12 +98,16 @@ class ActionModule(ActionBase):
             stderr=True,
         )
         started = time.monotonic()
+        # A container of that name left by an interrupted run is removed, never restarted with its old exit code.
+        self._module("community.docker.docker_container", {"name": name, "state": "absent"}, task_vars)
         self._module("community.docker.docker_container", container, task_vars)
         next_line = started + interval
         try:
             while True:
-                state = self._module("community.docker.docker_container_info", {"name": name}, task_vars)["container"]["State"]
-                if not state.get("Running"):
+                info = self._module("community.docker.docker_container_info", {"name": name}, task_vars)["container"]
+                missing = None if info else _hub.cache_state(files, self._blobs(storage, task_vars), set())["missing_bytes"]
+                outcome = _hub.fetch_outcome(info, missing)
+                if not outcome["running"]:
                     break
                 # The container is asked every 2 s at most; a line is due every interval, whatever the calls cost.
                 time.sleep(max(0.0, min(next_line - time.monotonic(), 2.0)))
@@ -113,8 +117,19 @@ class ActionModule(ActionBase):
                 done = _hub.cache_state(files, self._blobs(storage, task_vars), set())["done_bytes"]
                 line = _hub.progress(total, done, before["done_bytes"], time.monotonic() - started)
                 display.display(say("hub.progress", model=model, **line), stderr=True)
-            rc = int(state.get("ExitCode", -1))
-            if rc != 0:
+            if outcome.get("finding") == "hub.fetch_vanished":
+                raise AnsibleActionFail(
+                    say(
+                        "hub.fetch_vanished",
+                        model=model,
+                        commit=commit,
+                        endpoint=endpoint,
+                        name=name,
+                        missing=_hub.human_bytes(missing),
+                    )
+                )
+            if not outcome["ok"]:
+                rc = outcome["rc"]
                 logs = self._execute_module(
                     module_name="ansible.builtin.command",
                     module_args={"argv": ["docker", "logs", "--tail", "20", name]},

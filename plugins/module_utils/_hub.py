@@ -224,3 +224,24 @@ def progress(total: int, done: int, started_at: int, elapsed: float) -> dict:
         "left": "0s" if left <= 0 else human_seconds(left / rate) if known else "unknown",
         "elapsed": human_seconds(elapsed),
     }
+
+
+def fetch_outcome(container: dict | None, missing_bytes: int) -> dict:
+    """What became of the fetch container, from ``docker_container_info``'s ``container`` and the cache's missing bytes.
+
+    ``running`` while Docker says it runs. A container that exited 0 succeeded. One
+    that is gone (``None``: removed by hand, or by an earlier run's clean-up) is judged
+    by the cache alone: nothing missing is a finished download, anything missing is a
+    failure with no exit code. Any other exit code is a failure.
+    """
+    if container is None:
+        if missing_bytes == 0:
+            return {"running": False, "ok": True, "rc": None}
+        return {"running": False, "ok": False, "rc": None, "finding": "hub.fetch_vanished"}
+    state = container.get("State") or {}
+    if state.get("Running"):
+        return {"running": True, "ok": None, "rc": None}
+    rc = int(state.get("ExitCode", -1))
+    if rc == 0:
+        return {"running": False, "ok": True, "rc": 0}
+    return {"running": False, "ok": False, "rc": rc, "finding": "hub.fetch_failed"}

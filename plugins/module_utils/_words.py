@@ -200,6 +200,10 @@ TEMPLATES = {
         "Evidence: {evidence}"
     ),
     "hub.fetch_failed": "downloading {model} at {commit} from {endpoint} failed (exit code {rc}); its last lines: {log}",
+    "hub.fetch_vanished": (
+        "downloading {model} at {commit} from {endpoint} stopped: its container {name} is gone "
+        "(removed while it ran) with {missing} still missing; run again to resume"
+    ),
     # The engine watchdog on the box (_watchdog.tick, gpubox-vllm-watchdog), into the journal.
     "watchdog.no_deployment": "no vLLM deployment is recorded on this box; nothing to watch",
     "watchdog.stopped": "vLLM's containers are stopped (by hand, or by the correctness gate); the watchdog leaves them so",

@@ -225,3 +225,32 @@ def test_progress_gives_the_rate_since_the_download_began_and_the_time_left():
 
 def test_the_cache_folder_is_huggingface_hubs():
     assert _hub.repo_folder("meta-llama/Llama-3.1-8B-Instruct") == "models--meta-llama--Llama-3.1-8B-Instruct"
+
+
+@pytest.mark.parametrize(
+    ("container", "missing", "outcome"),
+    [
+        ({"State": {"Running": True, "ExitCode": 0}}, None, {"running": True, "ok": None, "rc": None}),
+        ({"State": {"Running": False, "ExitCode": 0}}, None, {"running": False, "ok": True, "rc": 0}),
+        (
+            {"State": {"Running": False, "ExitCode": 137}},
+            None,
+            {"running": False, "ok": False, "rc": 137, "finding": "hub.fetch_failed"},
+        ),
+        ({"State": {}}, None, {"running": False, "ok": False, "rc": -1, "finding": "hub.fetch_failed"}),
+        # Gone (removed while it ran): the cache alone says whether the download finished.
+        (None, 0, {"running": False, "ok": True, "rc": None}),
+        (None, 5, {"running": False, "ok": False, "rc": None, "finding": "hub.fetch_vanished"}),
+    ],
+)
+def test_the_fetch_container_is_judged_by_its_exit_or_by_the_cache_once_it_is_gone(container, missing, outcome):
+    assert _hub.fetch_outcome(container, missing) == outcome
+
+
+def test_a_vanished_fetch_says_what_is_missing_and_how_to_resume():
+    text = say(
+        "hub.fetch_vanished", model="org/m", commit="abc", endpoint="http://hub", name="gpubox-model-fetch", missing="1.0 GiB"
+    )
+    assert "gpubox-model-fetch is gone" in text
+    assert "1.0 GiB still missing" in text
+    assert "run again" in text
