@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,13 +139,29 @@ def capture_params(folder: str) -> list:
     return [pytest.param(c, id=c.path.stem) for c in captures(folder)]
 
 
+# vLLM's own cache folder (vllm_cache_dir), shared by every server a run starts, as a box's servers share theirs: vLLM
+# finds a model's architecture once, in a subprocess that imports it all again, and keeps the answer there (keyed by the
+# hash of its model code, written atomically). Made by the run's controller; pytest-xdist's workers inherit its name.
+VLLM_CACHE_ENV = "GPUBOX_TEST_VLLM_CACHE"
+
+
+def pytest_configure(config) -> None:
+    if not hasattr(config, "workerinput") and VLLM_CACHE_ENV not in os.environ:
+        os.environ[VLLM_CACHE_ENV] = tempfile.mkdtemp(prefix="gpubox-test-vllm-cache-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(VLLM_CACHE_ENV), ignore_errors=True))
+
+
 def pytest_sessionstart(session) -> None:
     """Compose projects the tests name gpubox-test-*, left running by a run that was killed (their restart policy
     brings them back with the Docker engine), are taken down first: one would answer on a port a test expects free.
     Once, by the pytest-xdist controller before its workers start (a worker would take down the other's servers), and
-    never by a run that only lists the tests (``--collect-only`` beside a running test session took down its servers)."""
+    never by a run that only lists the tests (``--collect-only`` beside a running test session took down its servers)
+    or runs only tests/unit (`make unit` beside `make integration` took down the integration run's servers)."""
     docker = shutil.which("docker")
     if not docker or hasattr(session.config, "workerinput") or session.config.option.collectonly:
+        return
+    paths = [(session.config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in session.config.args]
+    if all(path == UNIT or UNIT in path.parents for path in paths):
         return
     listed = subprocess.run(
         [docker, "ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}'],
