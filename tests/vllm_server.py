@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from conftest import ROOT, require, run_ansible
+from conftest import ROOT, VLLM_CACHE_ENV, require, run_ansible
 
 # Each pytest-xdist worker (gw0, gw1) deploys its own shared server, on its own port and Compose project; the ports a
 # file derives from PORT (PORT + 1 .. PORT + 6) stay below the next worker's.
@@ -42,6 +42,11 @@ def image_name() -> str:
     return name.stdout.strip()
 
 
+def vllm_cache() -> str:
+    """The run's vLLM cache folder, shared by its servers (tests/conftest.py)."""
+    return os.environ[VLLM_CACHE_ENV]
+
+
 def role_vars(work: Path, image: str, records: Path | None = None, **extra) -> dict:
     """The role's variables for the model and caches in ``work``; its records in ``records`` (``work`` by default)."""
     repo, tag = image.split(":")
@@ -57,7 +62,7 @@ def role_vars(work: Path, image: str, records: Path | None = None, **extra) -> d
         "vllm_project_name": PROJECT,
         "vllm_port": PORT,
         "vllm_hf_cache_dir": str(work / "hf"),
-        "vllm_cache_dir": str(work / "vllm-cache"),
+        "vllm_cache_dir": vllm_cache(),
         "vllm_max_model_len": 512,
         "vllm_dtype": "bfloat16",
         "vllm_enforce_eager": True,

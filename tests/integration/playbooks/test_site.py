@@ -18,6 +18,7 @@ import pytest
 import yaml
 from conftest import ANSIBLE_ENV, FIXTURES, LLAMA_8B, ROOT, parse_capture, run_playbook_json
 from hardware import RTX3090_PAIR, nvml_machine
+from vllm_server import vllm_cache
 
 SYS_3090 = FIXTURES / "A_topo_m" / "2x_rtx3090_SYS_numa_affinity_NA_on_gpu0_club3090_178.txt"
 EPYC_ACS = FIXTURES / "C_lspci" / "amd_epyc_gpp_bridge_40_01_1_acs_enabled_elided_plus_tv_subtree_rccl547.txt"
@@ -54,7 +55,7 @@ def box(tmp_path, fake_libcuda, monkeypatch) -> Path:
         "vllm_max_model_len": 8192,
         "vllm_project_dir": str(tmp_path / "project"),
         "vllm_hf_cache_dir": str(tmp_path / "hf"),
-        "vllm_cache_dir": str(tmp_path / "vllm-cache"),
+        "vllm_cache_dir": vllm_cache(),
         "_vllm_state_dir": str(tmp_path / "state"),
     }
     inventory = tmp_path / "hosts.yml"

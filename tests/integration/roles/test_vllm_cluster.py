@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import ROOT, require, run_ansible, run_playbook_json
 from hardware import one_stand_in_gpu
-from vllm_server import copy_model_out
+from vllm_server import copy_model_out, vllm_cache
 
 HOSTS = ("box-a", "box-b")
 
@@ -83,7 +83,7 @@ def write_play(work: Path, image: str, network: str, addresses: dict, play_vars:
             "vllm_cluster_hosts": list(HOSTS),
             "vllm_cluster_network": network,
             "vllm_hf_cache_dir": str(work / "hf"),
-            "vllm_cache_dir": str(work / "cache"),
+            "vllm_cache_dir": vllm_cache(),
             "vllm_wait_timeout": 180,
             **(play_vars or {}),
         },
