@@ -66,3 +66,17 @@ def words(found: dict, project: str, elapsed: str) -> str:
     """``found`` in words, for the line the wait prints."""
     fields = {key: value for key, value in found.items() if key != "code"}
     return say(words_code(found), project=project, elapsed=elapsed, **fields)
+
+
+def stopped(container: dict | None) -> dict | None:
+    """Whether a starting server's container has stopped for good: ``{"status": ..., "rc": ...}`` when it exited or
+    Docker restarted it (a restart is a crash its policy hides), None while it runs or is not created yet.
+
+    ``container`` is ``{"status", "exit_code", "restarts"}`` as the wait_for_vllm module reads it from Docker."""
+    if not container:
+        return None
+    if container["status"] in ("exited", "dead"):
+        return {"status": "exited", "rc": container["exit_code"]}
+    if container["restarts"] > 0:
+        return {"status": f"restarted {container['restarts']} time(s)", "rc": container["exit_code"]}
+    return None

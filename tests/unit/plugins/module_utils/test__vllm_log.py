@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpubox.inference.plugins.module_utils._vllm_log import phase, words, words_code
+from ansible_collections.gpubox.inference.plugins.module_utils._vllm_log import phase, stopped, words, words_code
 
 # vLLM 0.32.0 (the CPU build in the test image) serving the tiny model on this machine, 2026-12-01, in order
 # (long lines cut at their end).
@@ -71,3 +71,20 @@ def test_lines_that_name_no_step_leave_the_last_one():
         phase([*GPU[:1], "WARNING 05-06 21:00:09 [op.py:241] Priority not set for op rms_norm", ""])["code"]
         == "start.loading_weights"
     )
+
+
+@pytest.mark.parametrize(
+    ("container", "expected"),
+    [
+        (None, None),
+        ({"status": "created", "exit_code": 0, "restarts": 0}, None),
+        ({"status": "running", "exit_code": 0, "restarts": 0}, None),
+        ({"status": "exited", "exit_code": 2, "restarts": 0}, {"status": "exited", "rc": 2}),
+        ({"status": "dead", "exit_code": 137, "restarts": 0}, {"status": "exited", "rc": 137}),
+        # Running again after a crash that its restart policy hid: a crash all the same.
+        ({"status": "running", "exit_code": 1, "restarts": 2}, {"status": "restarted 2 time(s)", "rc": 1}),
+        ({"status": "restarting", "exit_code": 1, "restarts": 1}, {"status": "restarted 1 time(s)", "rc": 1}),
+    ],
+)
+def test_stopped(container, expected):
+    assert stopped(container) == expected
