@@ -1,10 +1,13 @@
-"""Benchmark the test image's vLLM start: `spawn` (what vLLM's CPU platform forces) against `fork` (the test image's).
+"""Benchmark the test image's vLLM start: vLLM's own (`spawn`, an empty cache) against what the tests' servers do.
 
 Starts the vLLM test image (scripts/vllm-test-image.sh) with the tiny model, as the tests start it, and times it from
-`docker run` to the first answer of /v1/completions: `spawn` and `fork`, each on an empty vLLM cache folder, and `fork`
-on a folder a server already started on (its model info cached), in turns; with the engine core as the integration
-tests run it (VLLM_ENABLE_V1_MULTIPROCESSING=0) and with a worker process of its own as Molecule's boxes run it (=1).
-The variants of a round must answer the same greedy text. Prints the medians and their ratios; asserts nothing else.
+`docker run` to the first answer of /v1/completions, in turns: `spawn` on an empty vLLM cache folder (a server of its
+own, as every test server was), `spawn` on a folder another server already started on (the model info vLLM finds in a
+subprocess is cached there; the tests' servers share one), and `fork` on that folder (tests/vllm-image/fork_start.py).
+With the engine core running the model (VLLM_ENABLE_V1_MULTIPROCESSING=0, the tests' usual server), and with a worker
+process (=1, as Molecule's boxes and the replicas run), where the image spawns whatever was asked, as upstream, so
+that the worker binds its OpenMP threads. The variants of a round must answer the same greedy text. Prints the
+medians and their ratios; asserts nothing else.
 
 Usage: make bench-vllm-start [ROUNDS=3]
 """
@@ -61,7 +64,7 @@ def start(image: str, method: str, multiprocessing: str, cache: str) -> tuple[fl
 
 # What vllm_cache_dir holds when a server starts: an empty folder (a test's own, as before), or the folder another
 # server of the run already started on (tests/conftest.py shares one).
-VARIANTS = (("spawn", "empty"), ("fork", "empty"), ("fork", "warm"))
+VARIANTS = (("spawn", "empty"), ("spawn", "warm"), ("fork", "warm"))
 
 
 def main() -> None:
@@ -88,7 +91,7 @@ def main() -> None:
             for (method, cache), runs in times.items():
                 median = statistics.median(runs)
                 each = " ".join(f"{t:.1f}" for t in runs)
-                print(f"  {method:5} cache {cache:5} {median:5.1f} s  x{median / base:.2f} of spawn/empty  ({each})")
+                print(f"  {method:5} cache {cache:5} {median:5.1f} s  x{median / base:.2f} of spawn on an empty cache  ({each})")
 
 
 if __name__ == "__main__":
