@@ -16,11 +16,16 @@ import json
 import ssl
 import time
 import zlib
+from itertools import pairwise
 from urllib.parse import urlsplit
 
-# A stream is "buffered" when its content events arrive packed together: their spread is
-# under this share of the request's duration (a proxy that buffers delivers them at the end).
+# A stream is "buffered" when its content events arrive packed together at the end: their spread is under this share
+# of the request's duration (a proxy that buffers delivers them at the end), and they came out of the same reads, one
+# after the other, the typical gap between two under PACKED_GAP_S. The gap tells a held response from a long prefill
+# before a fast answer (a long prompt, a short reply, or a busy CPU during the prefill): that answer's tokens still come
+# a decode step apart, while a held one's are parsed from memory, microseconds apart.
 BUFFERED_SPREAD_SHARE = 0.1
+PACKED_GAP_S = 0.0005
 WORDS = [
     "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
     "india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa",
@@ -96,8 +101,10 @@ def summarize(records: list[dict], wall_seconds: float) -> dict:
 
 def _buffered(record: dict) -> bool:
     duration = record["end"] - record["start"]
-    spread = record["events"][-1] - record["events"][0]
-    return duration > 0 and spread < BUFFERED_SPREAD_SHARE * duration
+    events = record["events"]
+    spread = events[-1] - events[0]
+    packed = percentile([b - a for a, b in pairwise(events)], 0.5) < PACKED_GAP_S
+    return duration > 0 and spread < BUFFERED_SPREAD_SHARE * duration and packed
 
 
 def prompt(tokens: int, shared_prefix: int, index: int) -> str:

@@ -113,6 +113,9 @@ probe:
     - The statistics (times in ms, rates per second).
     - C(prompt_tokens_mean) is what the server counted per prompt (chat template included), from the usage it sends;
       compare it with O(prompt_tokens), which counts words.
+    - C(buffering.verdict) is C(buffered) when most streams' content events came packed together at the end (their
+      spread under a tenth of the request, and most of them under half a millisecond apart), as a proxy that holds
+      the response delivers them; a long prefill before a fast answer is still C(streaming).
   returned: success
   type: dict
   sample:

@@ -46,6 +46,24 @@ def test_buffered_timeline_is_detected():
     assert summary["ttft_ms"]["p50"] == pytest.approx(500)
 
 
+@pytest.mark.parametrize("first", [3.0, 20.0])
+def test_a_long_prefill_before_a_fast_answer_is_streaming(first):
+    # A long prompt (or a busy CPU during the prefill), then 64 tokens a decode step (2 ms) apart: the events span a
+    # few percent of the request, yet each came when the server made it.
+    records = [record(0.0, first, 0.002, 64) for _index in range(3)]
+    summary = summarize(records, wall_seconds=first + 0.2)
+    assert summary["buffering"]["verdict"] == "streaming"
+    assert summary["buffering"]["buffered_streams"] == 0
+
+
+def test_a_held_response_with_a_few_late_reads_is_buffered():
+    # Held, then sent in four writes that the client reads a little apart (a busy machine): most gaps are still
+    # the microseconds between events parsed from one read.
+    events = [2.0 + (i // 16) * 0.004 + (i % 16) * 0.00002 for i in range(64)]
+    held = {"status": 200, "start": 0.0, "end": events[-1] + 0.001, "events": events, "tokens": 64, "error": None}
+    assert summarize([held], wall_seconds=2.1)["buffering"]["verdict"] == "buffered"
+
+
 def test_errors_are_counted_by_status():
     failed = {"status": 401, "start": 0, "end": 0.01, "events": [], "tokens": 0, "error": None}
     broken = {"status": None, "start": 0, "end": 0.01, "events": [], "tokens": 0, "error": "ConnectionRefusedError"}
