@@ -1,13 +1,12 @@
-"""Benchmark the test image's vLLM start: vLLM's own (`spawn`, an empty cache) against what the tests' servers do.
+"""Benchmark the test image's vLLM start on an empty vLLM cache folder against one another server already started on.
 
 Starts the vLLM test image (scripts/vllm-test-image.sh) with the tiny model, as the tests start it, and times it from
-`docker run` to the first answer of /v1/completions, in turns: `spawn` on an empty vLLM cache folder (a server of its
-own, as every test server was), `spawn` on a folder another server already started on (the model info vLLM finds in a
-subprocess is cached there; the tests' servers share one), and `fork` on that folder (tests/vllm-image/fork_start.py).
-With the engine core running the model (VLLM_ENABLE_V1_MULTIPROCESSING=0, the tests' usual server), and with a worker
-process (=1, as Molecule's boxes and the replicas run), where the image spawns whatever was asked, as upstream, so
-that the worker binds its OpenMP threads. The variants of a round must answer the same greedy text. Prints the
-medians and their ratios; asserts nothing else.
+`docker run` to the first answer of /v1/completions, in turns: on an empty vLLM cache folder (a server of its own, as
+every test server was), and on a folder another server already started on (the model info vLLM finds in a subprocess
+is cached there; the tests' servers share one, as a box's share /var/lib/gpubox/vllm-cache). With the engine core
+running the model (VLLM_ENABLE_V1_MULTIPROCESSING=0, the tests' usual server), and with a worker process (=1, as
+Molecule's boxes and the replicas run). The variants of a round must answer the same greedy text. Prints the medians
+and their ratios; asserts nothing else.
 
 Usage: make bench-vllm-start [ROUNDS=3]
 """
@@ -41,9 +40,9 @@ def answer() -> str | None:
         return None
 
 
-def start(image: str, method: str, multiprocessing: str, cache: str) -> tuple[float, str]:
-    name = f"gpubox-bench-start-{method}"
-    env = ["-e", f"VLLM_WORKER_MULTIPROC_METHOD={method}", "-e", f"VLLM_ENABLE_V1_MULTIPROCESSING={multiprocessing}"]
+def start(image: str, multiprocessing: str, cache: str) -> tuple[float, str]:
+    name = "gpubox-bench-start"
+    env = ["-e", f"VLLM_ENABLE_V1_MULTIPROCESSING={multiprocessing}"]
     argv = ["docker", "run", "-d", "--name", name, "--shm-size", "1g", "-p", f"127.0.0.1:{PORT}:8000", *env]
     argv += ["-v", f"{cache}:/root/.cache/vllm", image, *ARGS]
     started = time.monotonic()
@@ -64,7 +63,7 @@ def start(image: str, method: str, multiprocessing: str, cache: str) -> tuple[fl
 
 # What vllm_cache_dir holds when a server starts: an empty folder (a test's own, as before), or the folder another
 # server of the run already started on (tests/conftest.py shares one).
-VARIANTS = (("spawn", "empty"), ("spawn", "warm"), ("fork", "warm"))
+VARIANTS = ("empty", "warm")
 
 
 def main() -> None:
@@ -74,24 +73,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         warm = Path(tmp) / "warm"
         warm.mkdir()
-        start(image, "fork", "0", str(warm))
+        start(image, "0", str(warm))
         for multiprocessing, label in (("0", "engine core process"), ("1", "engine core and worker processes")):
-            times: dict[tuple[str, str], list[float]] = {variant: [] for variant in VARIANTS}
+            times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
             for round_ in range(rounds):
                 texts = set()
-                for method, cache in VARIANTS:
+                for cache in VARIANTS:
                     folder = warm if cache == "warm" else Path(tempfile.mkdtemp(dir=tmp, prefix=f"empty-{round_}-"))
-                    elapsed, text = start(image, method, multiprocessing, str(folder))
-                    times[method, cache].append(elapsed)
+                    elapsed, text = start(image, multiprocessing, str(folder))
+                    times[cache].append(elapsed)
                     texts.add(text)
                 if len(texts) != 1:
                     sys.exit(f"the variants answered differently: {sorted(texts)}")
             base = statistics.median(times[VARIANTS[0]])
             print(f"VLLM_ENABLE_V1_MULTIPROCESSING={multiprocessing} ({label}):")
-            for (method, cache), runs in times.items():
+            for cache, runs in times.items():
                 median = statistics.median(runs)
                 each = " ".join(f"{t:.1f}" for t in runs)
-                print(f"  {method:5} cache {cache:5} {median:5.1f} s  x{median / base:.2f} of spawn on an empty cache  ({each})")
+                print(f"  cache {cache:5} {median:5.1f} s  x{median / base:.2f} of an empty cache  ({each})")
 
 
 if __name__ == "__main__":
