@@ -1,4 +1,4 @@
-"""Benchmark the test image's vLLM start on an empty vLLM cache folder against one another server already started on.
+"""Benchmark the test image's vLLM start on an empty vLLM cache folder against a folder another server started on.
 
 Starts the vLLM test image (scripts/vllm-test-image.sh) with the tiny model, as the tests start it, and times it from
 `docker run` to the first answer of /v1/completions, in turns: on an empty vLLM cache folder (a server of its own, as
