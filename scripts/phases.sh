@@ -60,7 +60,9 @@ case "${1:-}" in
     name=${2:?usage: phases.sh start NAME CMD...}
     shift 2
     echo "[phases] $name runs beside the next phases; its output: $file.$name.log"
-    # A session of its own, so that a failed phase can stop it with everything it started.
+    # A session of its own, so that a failed phase can stop it with everything it started. The script in single
+    # quotes is expanded by the inner bash, from its own arguments.
+    # shellcheck disable=SC2016
     setsid bash -c 'start=$(date +%s); "${@:3}" >"$1.$2.log" 2>&1; rc=$?
       echo "$2 $(($(date +%s) - start)) $rc" >"$1.$2.done"' phases "$file" "$name" "$@" </dev/null &
     echo $! >"$file.$name.pid"
