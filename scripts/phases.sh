@@ -35,6 +35,18 @@ stop_background() {
   done
 }
 
+# One phase's line in the table (NAME SECONDS RC [beside]); a failed phase ends the run with its status.
+record() {
+  local status="passed${4:+ ($4)}"
+  [ "$3" -eq 0 ] || status="FAILED (rc $3${4:+, $4})"
+  echo "$1 $2 $status" >>"$file"
+  if [ "$3" -ne 0 ]; then
+    stop_background
+    table
+    exit "$3"
+  fi
+}
+
 case "${1:-}" in
   reset)
     stop_background
@@ -49,12 +61,7 @@ case "${1:-}" in
     start=$(date +%s)
     "$@"
     rc=$?
-    echo "$name $(($(date +%s) - start)) $([ "$rc" -eq 0 ] && echo passed || echo "FAILED (rc $rc)")" >>"$file"
-    if [ "$rc" -ne 0 ]; then
-      stop_background
-      table
-      exit "$rc"
-    fi
+    record "$name" $(($(date +%s) - start)) "$rc"
     ;;
   start)
     name=${2:?usage: phases.sh start NAME CMD...}
@@ -79,12 +86,7 @@ case "${1:-}" in
     rm -f "$file.$name.pid"
     cat "$file.$name.log" 2>/dev/null
     read -r _name seconds rc <"$file.$name.done" 2>/dev/null || { seconds=0 rc=1; }
-    echo "$name $seconds $([ "$rc" -eq 0 ] && echo "passed (beside)" || echo "FAILED (rc $rc, beside)")" >>"$file"
-    if [ "$rc" -ne 0 ]; then
-      stop_background
-      table
-      exit "$rc"
-    fi
+    record "$name" "$seconds" "$rc" beside
     ;;
   *) echo "usage: phases.sh reset | run NAME CMD... | start NAME CMD... | wait NAME | table" >&2; exit 2 ;;
 esac
