@@ -79,12 +79,17 @@ def role_vars(work: Path, image: str, records: Path | None = None, **extra) -> d
     }
 
 
-def run_role(work: Path, variables: dict) -> subprocess.CompletedProcess:
+def role_argv(work: Path, variables: dict) -> list[str]:
+    """The ``ansible-playbook`` command line that runs the vllm role on this machine with ``variables``."""
     playbook = work / "play.yml"
     playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "roles": ["gpubox.inference.vllm"]}]))
     extra = work / "vars.json"
     extra.write_text(json.dumps(variables))
-    return run_ansible("ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{extra}", str(playbook))
+    return ["ansible-playbook", "-i", "localhost,", "-c", "local", "-e", f"@{extra}", str(playbook)]
+
+
+def run_role(work: Path, variables: dict) -> subprocess.CompletedProcess:
+    return run_ansible(*role_argv(work, variables))
 
 
 @contextmanager

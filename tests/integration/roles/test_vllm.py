@@ -16,9 +16,9 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
-from conftest import run_ansible
+from conftest import ANSIBLE_ENV, ROOT, run_ansible
 from hardware import one_stand_in_gpu
-from vllm_server import GATE_PROMPTS, KEY, PORT, PROJECT, docker, role_vars, run_role
+from vllm_server import GATE_PROMPTS, KEY, PORT, PROJECT, docker, role_argv, role_vars, run_role
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +261,9 @@ def test_a_box_of_a_fleet_is_drained_only_when_its_server_restarts_and_its_strea
     """vllm_drain_flag: a rerun that changes nothing leaves the box in rotation; a changed setting drains it (the
     flag, which the box's front door reads) and waits for the streams in flight before the server restarts.
 
-    No Nginx here: the streams stop starting once the flag is there, as the gateway's would."""
+    No Nginx here: the test plays the gateway. Its streams stop starting once the flag is there; the requests that
+    reach the box as the door closes keep coming until the wait has seen them in flight, so that the wait always has
+    something to wait for, however long the role takes from the flag to the wait's first look."""
     import threading
     import time
 
@@ -278,9 +280,10 @@ def test_a_box_of_a_fleet_is_drained_only_when_its_server_restarts_and_its_strea
     def stream_once(index: int, max_tokens: int) -> None:
         record: dict = {"finished": set(), "tokens": 0, "start": time.monotonic()}
         streams.append(record)
+        prompt = GATE_PROMPTS[index % len(GATE_PROMPTS)]
         try:
             stream = client().completions.create(
-                model="tiny", prompt=GATE_PROMPTS[index], max_tokens=max_tokens, n=4, temperature=0.8, stream=True,
+                model="tiny", prompt=prompt, max_tokens=max_tokens, n=4, temperature=0.8, stream=True,
                 extra_body={"ignore_eos": True},
             )  # fmt: skip
             for chunk in stream:
@@ -297,29 +300,39 @@ def test_a_box_of_a_fleet_is_drained_only_when_its_server_restarts_and_its_strea
         while not stop.is_set() and not flag.exists():
             stream_once(index, 480 - 60 * index)
 
-    def last_request() -> None:
-        # The request that reached the box as its front door closed: in flight when the wait first looks, wherever
-        # the other streams are (they ran in step in a run where all of them had just finished).
+    log = workdir / "drain" / "ansible.log"
+    waited = re.compile(r"FAILED - RETRYING: .*Wait for the requests in flight to finish")
+
+    def late_requests(index: int) -> None:
+        # The requests that reach the box as its front door closes (a gateway's in flight to it): back to back from
+        # the flag until the wait has seen requests in flight and says so, three threads so that one is always
+        # running when the wait first reads /metrics, however long the role takes from the flag to that read.
         while not stop.is_set() and not flag.exists():
             time.sleep(0.01)
-        if flag.exists():
-            stream_once(6, 480)
+        while not stop.is_set() and not waited.search(log.read_text(errors="replace")):
+            stream_once(index, 120)
 
     threads = [threading.Thread(target=keep_streaming, args=(index,), daemon=True) for index in range(6)]
-    threads.append(threading.Thread(target=last_request, daemon=True))
+    threads += [threading.Thread(target=late_requests, args=(index,), daemon=True) for index in range(6, 9)]
     for thread in threads:
         thread.start()
     time.sleep(1)
     changed = {"VLLM_GPUBOX_TEST_DRAIN": "1"}
     try:
-        drained = run_role(workdir, role_vars(workdir, image, vllm_drain_flag=str(flag), vllm_env=changed))
+        with log.open("w") as sink:
+            argv = role_argv(workdir, role_vars(workdir, image, vllm_drain_flag=str(flag), vllm_env=changed))
+            role = subprocess.Popen(argv, cwd=ROOT, env=ANSIBLE_ENV, stdout=sink, stderr=subprocess.STDOUT, text=True)
+            try:
+                returncode = role.wait(timeout=900)
+            finally:
+                role.kill()
     finally:
         stop.set()
         for thread in threads:
             thread.join(60)
-    out = drained.stdout + drained.stderr
+    out = log.read_text(errors="replace")
     try:
-        assert drained.returncode == 0, out[-3000:]
+        assert returncode == 0, out[-3000:]
         assert flag.exists(), "the caller (site.yml) removes the flag after the box's smoke test"
         assert "Take the box out of the fleet's rotation" in out
         assert streams, "no stream ran"
@@ -327,7 +340,7 @@ def test_a_box_of_a_fleet_is_drained_only_when_its_server_restarts_and_its_strea
         assert not cut, f"{len(cut)} of {len(streams)} streams were cut by the restart: {cut[:3]}"
         # The wait saw requests in flight and waited for them (the retry lines are its progress).
         wait = out[out.find("Take the box out of the fleet's rotation") :][:3000]
-        assert re.search(r"FAILED - RETRYING: .*Wait for the requests in flight to finish", out), (wait, streams)
+        assert waited.search(out), (wait, streams)
     finally:
         flag.unlink(missing_ok=True)
         restored = run_role(workdir, role_vars(workdir, image))
