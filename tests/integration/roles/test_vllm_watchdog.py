@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import COLLECTIONS, ROOT
-from vllm_server import deployed, docker, role_vars
+from vllm_server import deployed, docker, role_vars, run_role
 
 PROJECT = "gpubox-test-watchdog"
 PORT = 18140
@@ -40,18 +41,22 @@ def engine(signal: str) -> str:
     return pid
 
 
-@pytest.fixture(scope="module")
-def server(vllm_image, tmp_path_factory):
-    work = tmp_path_factory.mktemp("watchdog")
-    variables = role_vars(
+def server_vars(work: Path, image: str) -> dict:
+    """The role's variables for this file's server (the role itself installs no watchdog here: vllm_watchdog false)."""
+    return role_vars(
         work,
-        vllm_image,
+        image,
         vllm_project_name=PROJECT,
         vllm_port=PORT,
         vllm_gate=False,
         vllm_env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
     )
-    with deployed(vllm_image, work, variables) as result:
+
+
+@pytest.fixture(scope="module")
+def server(vllm_image, tmp_path_factory):
+    work = tmp_path_factory.mktemp("watchdog")
+    with deployed(vllm_image, work, server_vars(work, vllm_image)) as result:
         assert result.returncode == 0, result.stdout[-4000:]
         config = {
             "project_dir": str(work / "project"),
@@ -100,6 +105,25 @@ def test_a_healthy_server_is_never_restarted(server):
     metrics = (server / "state" / "metrics" / "vllm_watchdog.prom").read_text()
     assert "gpubox_vllm_watchdog_sound 1\n" in metrics
     assert "gpubox_vllm_watchdog_restarts_total 0\n" in metrics
+
+
+def test_turned_off_the_role_removes_what_the_watchdog_left_and_a_box_without_it_costs_no_task(server, vllm_image):
+    """vllm_watchdog false: the files the watchdog wrote (its state, its metrics) are removed, and only the ones that
+    are there (the plan's read, vllm_state_info, says which); once none is left, a run has nothing to remove. (The
+    timer and its units, which need systemd, are removed on Molecule's box.)"""
+    left = [server / "state" / "watchdog.json", server / "state" / "metrics" / "vllm_watchdog.prom"]
+    assert all(path.exists() for path in left), "the test above ran the watchdog, which writes both"
+    first = run_role(server, server_vars(server, vllm_image))
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert not [path for path in left if path.exists()]
+    removed = re.findall(r"changed: \[localhost\] => \(item=(.*?)\)", first.stdout)
+    assert removed == [str(path) for path in left], first.stdout[-3000:]
+    assert "item=/etc/gpubox/vllm-watchdog.json" not in first.stdout, "a file that is not there is not visited"
+    assert "changed=1 " in first.stdout, first.stdout[-3000:]
+    again = run_role(server, server_vars(server, vllm_image))
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "changed=0 " in again.stdout, again.stdout[-3000:]
+    assert "(item=" not in again.stdout[again.stdout.find("Remove the watchdog's files") :], again.stdout[-3000:]
 
 
 def test_a_hung_engine_is_restarted_and_the_journal_says_why(server):
