@@ -76,24 +76,29 @@ def test_the_read_timeout_follows_the_deployment(tmp_path, variables, timeout):
 
 def test_vllm_stream_passes_through_the_proxy_unchanged_and_spread_out(proxy):
     body = {**BODY, "max_tokens": 96}
-    direct = event_times(post(VLLM_PORT, body, key=VLLM_KEY))
-    proxied = event_times(post(proxy["port"], body))
-    assert proxied[-1][1] == "[DONE]"
 
     def text(events):
         return "".join(json.loads(d)["choices"][0]["delta"].get("content") or "" for _t, d in events[:-1])
 
-    # The same text (temperature 0); vLLM may group tokens into chunks differently run to run.
-    assert text(proxied) == text(direct)
-
     def spread(events):
         return events[-2][0] - events[0][0]
 
-    # Buffering would deliver the events together at the end: no spread at all. The streams
-    # last a tenth of a second here, so a scheduler hiccup moves either spread a lot: a
-    # quarter of the direct one is the bar. Events a millisecond apart may share a read, so
-    # their count is left to the paced test below.
-    assert spread(proxied) >= 0.25 * spread(direct), (spread(proxied), spread(direct))
+    # Buffering would deliver the events together at the end: no spread at all, every time. The streams last a tenth
+    # of a second here, so a scheduler hiccup moves either spread a lot (a fresh clone once saw 1.65 s direct, 0.25 s
+    # proxied): a quarter of the direct one is the bar, in one of three pairs. Events a millisecond apart may share a
+    # read, so their count is left to the paced test below.
+    pairs = []
+    for _attempt in range(3):
+        direct = event_times(post(VLLM_PORT, body, key=VLLM_KEY))
+        proxied = event_times(post(proxy["port"], body))
+        assert proxied[-1][1] == "[DONE]"
+        # The same text (temperature 0); vLLM may group tokens into chunks differently run to run.
+        assert text(proxied) == text(direct)
+        pairs.append((round(spread(proxied), 4), round(spread(direct), 4)))
+        if spread(proxied) >= 0.25 * spread(direct):
+            break
+    else:
+        pytest.fail(f"every proxied stream came bunched against its direct one (proxied s, direct s): {pairs}")
 
 
 def test_nginx_status_answers_on_loopback_only_for_the_exporter(proxy):
