@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+from ansible_collections.gpubox.inference.plugins.module_utils._text import json_object
+
 
 class DaemonJsonError(ValueError):
     """The existing daemon.json is not a JSON object."""
@@ -19,12 +21,9 @@ def parse(text: str | None) -> dict:
     if text is None or not text.strip():
         return {}
     try:
-        current = json.loads(text)
+        return json_object(text)
     except ValueError as exc:
-        raise DaemonJsonError(f"it is not valid JSON ({exc})") from exc
-    if not isinstance(current, dict):
-        raise DaemonJsonError(f"it holds a JSON {type(current).__name__}, not an object")
-    return current
+        raise DaemonJsonError(str(exc)) from None
 
 
 def merge(current: dict, settings: dict) -> dict:

@@ -9,7 +9,7 @@ error naming the file, never a plausible empty answer.
 
 from __future__ import annotations
 
-import json
+from ansible_collections.gpubox.inference.plugins.module_utils._text import json_object
 
 # The files a model folder's weights are in (what vLLM loads: safetensors, or PyTorch's .bin).
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -23,12 +23,9 @@ def record(path: str, text: str | None) -> dict:
     if text is None:
         return {}
     try:
-        value = json.loads(text)
+        return json_object(text)
     except ValueError as exc:
-        raise ValueError(f"{path} is not JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not the object it stores")
-    return value
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def model_config(path: str, text: str | None) -> dict:

@@ -23,10 +23,10 @@ def test_a_stored_record_is_its_json_object():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("", "/var/lib/gpubox/vllm.json is not JSON (Expecting value: line 1 column 1 (char 0))"),
-        ('{"gate_step": "refer', "/var/lib/gpubox/vllm.json is not JSON (Unterminated string"),
-        ("[1, 2]", "/var/lib/gpubox/vllm.json holds a JSON list, not the object it stores"),
-        ("null", "/var/lib/gpubox/vllm.json holds a JSON NoneType, not the object it stores"),
+        ("", "/var/lib/gpubox/vllm.json: it is not valid JSON (Expecting value: line 1 column 1 (char 0))"),
+        ('{"gate_step": "refer', "/var/lib/gpubox/vllm.json: it is not valid JSON (Unterminated string"),
+        ("[1, 2]", "/var/lib/gpubox/vllm.json: it holds a JSON list, not an object"),
+        ("null", "/var/lib/gpubox/vllm.json: it holds a JSON NoneType, not an object"),
     ],
 )
 def test_a_damaged_record_is_an_error_naming_the_file_never_an_empty_one(text, message):
@@ -37,7 +37,7 @@ def test_a_damaged_record_is_an_error_naming_the_file_never_an_empty_one(text, m
 def test_a_model_folder_without_config_json_reads_as_empty_and_a_broken_one_is_refused():
     assert _plan_inputs.model_config("/srv/models/m/config.json", None) == {}
     assert _plan_inputs.model_config("/srv/models/m/config.json", '{"architectures": ["X"]}') == {"architectures": ["X"]}
-    with pytest.raises(ValueError, match=r"^/srv/models/m/config.json is not JSON"):
+    with pytest.raises(ValueError, match=r"^/srv/models/m/config.json: it is not valid JSON"):
         _plan_inputs.model_config("/srv/models/m/config.json", "{")
 
 

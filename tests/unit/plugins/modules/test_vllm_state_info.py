@@ -73,7 +73,7 @@ def test_a_damaged_record_fails_naming_it_and_the_file(tmp_path: Path):
     stored.write_text('{"key": ')
     result = run_module("vllm_state_info", {"records": {"gate_store": str(stored)}})
     assert result["failed"] is True
-    assert result["msg"].startswith(f"the stored record 'gate_store': {stored} is not JSON (")
+    assert result["msg"].startswith(f"the stored record 'gate_store': {stored}: it is not valid JSON (")
     assert result["msg"].endswith("; remove the file to start over")
 
 
@@ -82,4 +82,4 @@ def test_a_model_whose_config_json_is_damaged_is_refused(tmp_path: Path):
     (folder / "config.json").write_text("{")
     result = run_module("vllm_state_info", {"model_dir": str(folder)})
     assert result["failed"] is True
-    assert result["msg"].startswith(f"the model's {folder}/config.json is not JSON (")
+    assert result["msg"].startswith(f"the model's {folder}/config.json: it is not valid JSON (")
