@@ -16,7 +16,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
 def record(path: str, text: str | None) -> dict:
-    """The JSON object stored in ``path`` (``text`` None: there is no such file, so nothing was stored: {}).
+    """The JSON object stored in ``path`` (``text`` None: there is no such file, so nothing was stored: {}); a model
+    folder's config.json reads the same way (none: {}, which the plan refuses by name).
 
     Raises ValueError naming the file when the text is not a JSON object.
     """
@@ -26,14 +27,6 @@ def record(path: str, text: str | None) -> dict:
         return json_object(text)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-
-
-def model_config(path: str, text: str | None) -> dict:
-    """A model folder's config.json (``text`` None: the folder has none, which the plan refuses by name: {}).
-
-    Raises ValueError naming the file when it is there but not a JSON object: vLLM could not read it either.
-    """
-    return record(path, text)
 
 
 def weights_bytes(files: list[tuple[str, int]]) -> int:

@@ -115,7 +115,7 @@ def _model(module: AnsibleModule, folder: str) -> dict:
         module.fail_json(msg=f"cannot list the model folder {folder}: {exc.strerror}")
     config_path = os.path.join(folder, "config.json")
     try:
-        config = _plan_inputs.model_config(config_path, _text(module, config_path))
+        config = _plan_inputs.record(config_path, _text(module, config_path))
     except ValueError as exc:
         module.fail_json(msg=f"the model's {exc}: vLLM cannot read it either")
     return {"exists": True, "config": config, "weights_bytes": _plan_inputs.weights_bytes(files)}

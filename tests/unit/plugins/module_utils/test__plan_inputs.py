@@ -35,10 +35,10 @@ def test_a_damaged_record_is_an_error_naming_the_file_never_an_empty_one(text, m
 
 
 def test_a_model_folder_without_config_json_reads_as_empty_and_a_broken_one_is_refused():
-    assert _plan_inputs.model_config("/srv/models/m/config.json", None) == {}
-    assert _plan_inputs.model_config("/srv/models/m/config.json", '{"architectures": ["X"]}') == {"architectures": ["X"]}
+    assert _plan_inputs.record("/srv/models/m/config.json", None) == {}
+    assert _plan_inputs.record("/srv/models/m/config.json", '{"architectures": ["X"]}') == {"architectures": ["X"]}
     with pytest.raises(ValueError, match=r"^/srv/models/m/config.json: it is not valid JSON"):
-        _plan_inputs.model_config("/srv/models/m/config.json", "{")
+        _plan_inputs.record("/srv/models/m/config.json", "{")
 
 
 def test_only_the_weight_files_count_towards_the_weights():
