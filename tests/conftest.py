@@ -202,6 +202,9 @@ ANSIBLE_ENV = {
     "ANSIBLE_NOCOLOR": "1",
     # The venv running pytest holds ansible; its bin/ comes first.
     "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    # The modules' code compiled once, not at every task (tests/pycode/sitecustomize.py says why and how).
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "pycode"), os.environ.get("PYTHONPATH")])),
+    "GPUBOX_PYCODE_CACHE": str(Path.home() / ".cache" / "gpubox-inference" / "pycode"),
 }
 
 
