@@ -2,9 +2,10 @@
 
 Every task ships its module and module_utils to the host as an AnsiballZ zip of sources. Python never caches
 bytecode for a zip, so each of the about 2000 module runs of `make integration` compiled ansible.module_utils.basic,
-community.docker's API client and ours again: 0.25 of a module run's 0.45 CPU-s (docs/test-time.md). Here the code
-compiled from a zip is kept under GPUBOX_PYCODE_CACHE, keyed by the interpreter's magic number and the source's
-hash, and given back with the zip's path as its file name: the same code, run the same way, compiled once.
+community.docker's API client and ours again (a docker_container_info run: 0.45 CPU-s, 0.19 with this;
+docs/test-time.md). Here the code compiled from a zip is kept under GPUBOX_PYCODE_CACHE, keyed by the interpreter's
+magic number and the source's hash, and given back with the zip's path as its file name: the same code, run the same
+way, compiled once.
 
 tests/conftest.py puts this folder first on PYTHONPATH for the Ansible runs it starts; nothing else loads it.
 """
@@ -30,6 +31,8 @@ def _install(folder: str) -> None:
         try:
             with open(path, "rb") as stored:
                 code = marshal.load(stored)
+            if not isinstance(code, type(cached.__code__)):
+                raise ValueError(path)
         except (OSError, EOFError, ValueError, TypeError):
             code = compile_source(pathname, source)
             try:

@@ -11,6 +11,8 @@ import zipfile
 from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 RUN = """
@@ -85,10 +87,11 @@ def test_without_the_cache_folder_nothing_is_kept(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
-def test_an_entry_that_does_not_load_is_compiled_again(tmp_path):
+@pytest.mark.parametrize("stored", [b"not marshal", marshal.dumps(42)], ids=["unreadable", "not-code"])
+def test_an_entry_that_does_not_load_is_compiled_again(tmp_path, stored):
     cache = tmp_path / "cache"
     archive = payload(tmp_path / "one.zip", 42)
     run(archive, cache)
     for entry in entries(cache):
-        entry.write_bytes(b"not marshal")
+        entry.write_bytes(stored)
     assert run(archive, cache)[0] == "42"

@@ -239,6 +239,10 @@ def test_a_model_the_disk_cannot_hold_is_refused_with_both_numbers(hub, vllm_ima
         subprocess.run(["umount", str(cache)], check=False)
 
 
+def progress_lines(stderr: list[str]) -> list[str]:
+    return [line for line in stderr if line.startswith(f"{BIG}: ") and " of 24.0 MiB " in line]
+
+
 def test_a_long_download_shows_progress_lines(hub, vllm_image, tmp_path):
     # Slow enough for lines to come while it runs, however long each poll takes on a loaded machine; once two have
     # come, the Hub lets the rest go at full speed, so the test costs no more than the polls it watches.
@@ -249,7 +253,7 @@ def test_a_long_download_shows_progress_lines(hub, vllm_image, tmp_path):
     try:
         for line in run.stderr:
             stderr.append(line.rstrip("\n"))
-            if sum(1 for seen in stderr if seen.startswith(f"{BIG}: ") and " of 24.0 MiB " in seen) >= 2:
+            if len(progress_lines(stderr)) >= 2:
                 hub.rate = 0
         stdout = run.stdout.read()
         run.wait(timeout=120)
@@ -258,7 +262,7 @@ def test_a_long_download_shows_progress_lines(hub, vllm_image, tmp_path):
         if run.poll() is None:
             run.kill()
     assert run.returncode == 0, stdout[-3000:]
-    lines = [line for line in stderr if line.startswith(f"{BIG}: ") and " of 24.0 MiB " in line]
+    lines = progress_lines(stderr)
     assert len(lines) >= 3, "\n".join(stderr[-30:])
     units = {"B": 1, "KiB": 1024, "MiB": 1024**2}
     done = [float(number) * units[unit] for number, unit in (line.split(": ", 1)[1].split(" ")[:2] for line in lines)]
