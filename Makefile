@@ -17,7 +17,7 @@ COLLECTION_LINK := .collections/ansible_collections/gpubox/inference
 RUN_VENV = $(shell scripts/venv.sh run)
 TEST_VENV = $(shell scripts/venv.sh test)
 
-.PHONY: help setup provision test deps lint sanity unit integration molecule bench bench-proxy bench-vllm-start build clean
+.PHONY: help setup provision test deps lint sanity unit integration molecule bench bench-proxy bench-vllm-start bench-vllm-spin build clean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -98,6 +98,9 @@ bench-proxy: setup
 
 bench-vllm-start: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" python scripts/bench_vllm_start.py $(ROUNDS)
+
+bench-vllm-spin: setup
+	PATH="$(TEST_VENV)/bin:$$PATH" python scripts/bench_vllm_spin.py $(ROUNDS)
 
 build: setup
 	PATH="$(TEST_VENV)/bin:$$PATH" ansible-galaxy collection build --force --output-path build/
