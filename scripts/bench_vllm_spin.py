@@ -105,12 +105,11 @@ def main() -> None:
         cpu: dict[str, list[float]] = {spin: [] for spin in SPINS}
         took: dict[str, list[float]] = {spin: [] for spin in SPINS}
         texts = set()
-        for _ in range(rounds):
-            for spin in SPINS:
-                seconds, mean, text = serve(image, tp, bind, spin)
-                cpu[spin].append(seconds)
-                took[spin].append(mean)
-                texts.add(text)
+        for spin in SPINS * rounds:  # the spins in turns, round after round
+            seconds, mean, text = serve(image, tp, bind, spin)
+            cpu[spin].append(seconds)
+            took[spin].append(mean)
+            texts.add(text)
         if len(texts) != 1:
             sys.exit(f"the spins answered differently ({label}): {sorted(texts)}")
         base_cpu, base_took = statistics.median(cpu[SPINS[0]]), statistics.median(took[SPINS[0]])
