@@ -33,7 +33,7 @@ provision: setup
 
 # Each phase timed (scripts/phases.sh); the table at the end, or where a phase fails. Molecule's `local` scenario
 # (one box, one Ansible run at a time: under half of the two CPUs, measured) runs beside lint, sanity and unit, which
-# touch no Docker; Molecule's `site` (three boxes, 46 % of the two CPUs idle, measured) beside integration.
+# touch no Docker; the phases that start servers of their own (integration, molecule-site) run alone after it.
 test: setup
 	@scripts/phases.sh reset
 	@scripts/phases.sh run deps $(MAKE) --no-print-directory deps
@@ -42,9 +42,8 @@ test: setup
 	@scripts/phases.sh run sanity $(MAKE) --no-print-directory sanity
 	@scripts/phases.sh run unit $(MAKE) --no-print-directory unit
 	@scripts/phases.sh wait molecule-local
-	@scripts/phases.sh start molecule-site $(MAKE) --no-print-directory molecule SCENARIO=site
 	@scripts/phases.sh run integration $(MAKE) --no-print-directory integration
-	@scripts/phases.sh wait molecule-site
+	@scripts/phases.sh run molecule-site $(MAKE) --no-print-directory molecule SCENARIO=site
 	@scripts/phases.sh table
 	@echo "make test: all gates passed"
 
