@@ -21,6 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench_container import first_answer
+
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 18191
 NAME = "gpubox-bench-spin"
@@ -73,14 +75,7 @@ def serve(image: str, tp: int, bind: str, spin: str) -> tuple[float, float, str]
     subprocess.run(["docker", "rm", "--force", NAME], check=False, capture_output=True)
     subprocess.run(argv, check=True, capture_output=True)
     try:
-        while completion() is None:
-            running = subprocess.run(
-                ["docker", "inspect", "-f", "{{.State.Running}}", NAME], capture_output=True, text=True, check=False
-            )
-            if running.stdout.strip() != "true":
-                logs = subprocess.run(["docker", "logs", "--tail", "20", NAME], capture_output=True, text=True, check=False)
-                sys.exit(f"{NAME} exited before answering:\n{logs.stdout}{logs.stderr}")
-            time.sleep(1)
+        first_answer(NAME, completion, 1)
         time.sleep(GAP_S)
         before = cpu_seconds()
         took, texts = [], set()

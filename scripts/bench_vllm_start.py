@@ -22,6 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench_container import first_answer
+
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 18190
 ARGS = ["--model", "/models/tiny-chat", "--served-model-name", "tiny", "--max-model-len", "512", "--enforce-eager"]
@@ -48,14 +50,7 @@ def start(image: str, multiprocessing: str, cache: str) -> tuple[float, str]:
     started = time.monotonic()
     subprocess.run(argv, check=True, capture_output=True)
     try:
-        while (text := answer()) is None:
-            running = subprocess.run(
-                ["docker", "inspect", "-f", "{{.State.Running}}", name], capture_output=True, text=True, check=False
-            )
-            if running.stdout.strip() != "true":
-                logs = subprocess.run(["docker", "logs", "--tail", "20", name], capture_output=True, text=True, check=False)
-                sys.exit(f"{name} exited before answering:\n{logs.stdout}{logs.stderr}")
-            time.sleep(0.25)
+        text = first_answer(name, answer, 0.25)
         return time.monotonic() - started, text
     finally:
         subprocess.run(["docker", "rm", "--force", name], check=False, capture_output=True)
