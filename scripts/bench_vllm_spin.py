@@ -62,8 +62,9 @@ def cpu_seconds() -> float:
     """The server container's CPU time so far, from its own cgroup (v1 cpuacct, or v2 cpu.stat)."""
     script = "cat /sys/fs/cgroup/cpuacct/cpuacct.usage 2>/dev/null || grep ^usage_usec /sys/fs/cgroup/cpu.stat"
     out = subprocess.run(["docker", "exec", NAME, "sh", "-c", script], capture_output=True, text=True, check=True).stdout
-    value = out.split()[-1]
-    return int(value) / (1e9 if not out.startswith("usage_usec") else 1e6)
+    if out.startswith("usage_usec"):
+        return int(out.split()[1]) / 1e6
+    return int(out) / 1e9
 
 
 def serve(image: str, tp: int, bind: str, spin: str) -> tuple[float, float, str]:
@@ -81,12 +82,15 @@ def serve(image: str, tp: int, bind: str, spin: str) -> tuple[float, float, str]
         took, texts = [], set()
         for index in range(REQUESTS):
             started = time.monotonic()
-            texts.add(completion())
+            text = completion()
             took.append(time.monotonic() - started)
+            if text is None:
+                sys.exit(f"{NAME} did not answer request {index + 1} of {REQUESTS}")
+            texts.add(text)
             print(f"    {tp=} spin={spin}s: request {index + 1}/{REQUESTS} in {took[-1]:.2f} s", flush=True)
             time.sleep(GAP_S)
         if len(texts) != 1:
-            sys.exit(f"one server answered the same prompt differently: {sorted(map(str, texts))}")
+            sys.exit(f"one server answered the same prompt differently: {sorted(texts)}")
         return cpu_seconds() - before, statistics.mean(took), texts.pop()
     finally:
         subprocess.run(["docker", "rm", "--force", NAME], check=False, capture_output=True)
